@@ -1,0 +1,11 @@
+//! tessera-cluster: the membership layer every other tessera capability stands on.
+//!
+//! Protocol logic ([`gossip`], [`membership`], [`failure_detector`], [`heartbeat`], [`sbr`]) is
+//! written as plain state machines with time passed in; [`transport`] and [`node`] are the thin
+//! tokio layer that owns sockets and timers and drives them.
+
+pub mod address;
+pub mod member;
+
+pub use address::{Address, AddressParseError, UniqueAddress};
+pub use member::{Member, MemberStatus};
