@@ -5,7 +5,13 @@
 //! tokio layer that owns sockets and timers and drives them.
 
 pub mod address;
+pub mod codec;
+pub mod events;
+pub mod gossip;
 pub mod member;
+pub mod membership;
+pub mod reachability;
+pub mod vclock;
 
 pub use address::{Address, AddressParseError, UniqueAddress};
 pub use member::{Member, MemberStatus};
