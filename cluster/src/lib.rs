@@ -5,6 +5,7 @@
 //! tokio layer that owns sockets and timers and drives them.
 
 pub mod address;
+pub mod failure_detector;
 pub mod member;
 
 pub use address::{Address, AddressParseError, UniqueAddress};
