@@ -6,6 +6,7 @@
 
 pub mod address;
 pub mod failure_detector;
+pub mod heartbeat;
 pub mod member;
 
 pub use address::{Address, AddressParseError, UniqueAddress};
