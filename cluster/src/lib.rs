@@ -8,6 +8,7 @@ pub mod address;
 pub mod failure_detector;
 pub mod heartbeat;
 pub mod member;
+pub mod sbr;
 
 pub use address::{Address, AddressParseError, UniqueAddress};
 pub use member::{Member, MemberStatus};
