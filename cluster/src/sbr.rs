@@ -56,9 +56,16 @@ impl DowningStrategy {
         }
     }
 
+    /// Whether `member` is counted when sizing the sides: Up or Leaving, with the role if set.
+    pub fn counts(&self, member: &Member) -> bool {
+        matches!(member.status, MemberStatus::Up | MemberStatus::Leaving)
+            && self.role().is_none_or(|role| member.has_role(role))
+    }
+
     /// The decision for `view` as it is now, ignoring stability and leadership: `None` when
-    /// nothing is unreachable (or this node is not a current member). Both sides of a
-    /// partition computing this from their own views never both survive.
+    /// nothing is unreachable (or this node is not a current member). When both sides of a
+    /// partition agree on the members and their statuses, at most one of them survives
+    /// (checked by a property test).
     pub fn decide(&self, view: &SbrView<'_>) -> Option<DowningDecision> {
         let sides = Sides::of(self, view)?;
         let reason = if sides.unreachable.is_empty() {
@@ -196,6 +203,15 @@ pub struct SbrConfigError {
     pub allowed: &'static str,
 }
 
+/// Whether a member takes part in a decision at all: Down, Exiting and Removed members are
+/// already on their way out.
+fn is_considered(member: &Member) -> bool {
+    !matches!(
+        member.status,
+        MemberStatus::Down | MemberStatus::Exiting | MemberStatus::Removed
+    )
+}
+
 /// The part of the view whose change restarts the stability timer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct ViewKey {
@@ -226,12 +242,7 @@ impl<'a> Sides<'a> {
         let considered: BTreeMap<&UniqueAddress, &Member> = view
             .members
             .iter()
-            .filter(|m| {
-                !matches!(
-                    m.status,
-                    MemberStatus::Down | MemberStatus::Exiting | MemberStatus::Removed
-                )
-            })
+            .filter(|m| is_considered(m))
             .map(|m| (&m.unique_address, m))
             .collect();
         if !considered.contains_key(view.self_node) {
@@ -246,8 +257,7 @@ impl<'a> Sides<'a> {
             counted_other: BTreeSet::new(),
         };
         for (&node, &member) in &sides.considered {
-            let counted = matches!(member.status, MemberStatus::Up | MemberStatus::Leaving)
-                && strategy.role().is_none_or(|role| member.has_role(role));
+            let counted = strategy.counts(member);
             let ours = if view.indirectly_connected.contains(node) {
                 sides.indirect.insert(node.clone());
                 false
@@ -280,10 +290,7 @@ impl ViewKey {
         };
         for m in view.members {
             let node = &m.unique_address;
-            if matches!(
-                m.status,
-                MemberStatus::Down | MemberStatus::Exiting | MemberStatus::Removed
-            ) {
+            if !is_considered(m) {
                 continue;
             }
             if view.indirectly_connected.contains(node) {
@@ -291,9 +298,7 @@ impl ViewKey {
             } else if view.unreachable.contains(node) {
                 key.unreachable.insert(node.clone());
             }
-            if matches!(m.status, MemberStatus::Up | MemberStatus::Leaving)
-                && strategy.role().is_none_or(|role| m.has_role(role))
-            {
+            if strategy.counts(m) {
                 key.counted.insert(node.clone());
             }
         }
