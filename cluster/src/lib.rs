@@ -6,11 +6,15 @@
 
 pub mod address;
 pub mod codec;
+pub mod core;
 pub mod events;
+pub mod failure_detector;
 pub mod gossip;
+pub mod heartbeat;
 pub mod member;
 pub mod membership;
 pub mod reachability;
+pub mod sbr;
 pub mod vclock;
 
 pub use address::{Address, AddressParseError, UniqueAddress};
