@@ -255,7 +255,7 @@ impl ClusterCore {
             indirectly_connected: &indirectly_connected,
             is_leader: self.membership.is_leader(),
         };
-        if let Some(decision) = sbr.tick(now, &view) {
+        if let Some(decision) = sbr.tick(now, view) {
             tracing::warn!(
                 node = %self.membership.self_node(),
                 down = ?decision.down.iter().map(|n| n.to_string()).collect::<Vec<_>>(),

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what building tessera needs beyond rustup, when it is missing:
+#   - a C/C++ toolchain and libclang (the rocksdb crate compiles RocksDB and runs bindgen).
+# Sourced by scripts/demo and scripts/test. Prints the exact command to run where it cannot
+# install by itself (not root and no password-less sudo, or no apt-get).
+set -euo pipefail
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tessera-target}"
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "error: cargo not found. Install Rust with rustup first:" >&2
+    echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y" >&2
+    exit 1
+  fi
+fi
+
+have_libclang() {
+  if [ -n "${LIBCLANG_PATH:-}" ] && ls "$LIBCLANG_PATH"/libclang*.so* >/dev/null 2>&1; then
+    return 0
+  fi
+  ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* \
+     /usr/lib/aarch64-linux-gnu/libclang*.so* /usr/lib64/libclang*.so* >/dev/null 2>&1
+}
+
+missing=()
+have_libclang || missing+=(libclang-dev)
+command -v clang >/dev/null 2>&1 || missing+=(clang)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
+command -v make >/dev/null 2>&1 || missing+=(make)
+
+if [ ${#missing[@]} -gt 0 ]; then
+  install_cmd="apt-get update && apt-get install -y ${missing[*]}"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "error: missing build dependencies (${missing[*]}) and no apt-get on this machine." >&2
+    echo "Install libclang, clang, a C++ compiler and make with your package manager, then rerun." >&2
+    exit 1
+  fi
+  echo "tessera: installing missing build dependencies: ${missing[*]}" >&2
+  if [ "$(id -u)" -eq 0 ]; then
+    sh -c "$install_cmd" >&2
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo sh -c "$install_cmd" >&2
+  else
+    echo "error: cannot install as a regular user without password-less sudo. Run:" >&2
+    echo "  sudo sh -c '$install_cmd'" >&2
+    exit 1
+  fi
+fi
