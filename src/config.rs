@@ -18,7 +18,7 @@ use tessera_cluster::Address;
 /// Every configuration key, as written in the TOML file; the environment variable is
 /// `TESSERA_` followed by the key in upper case, the flag is the key with `-` for `_`
 /// (except `seed_nodes`, whose flag is the repeatable `--seed`).
-pub const KEYS: [&str; 25] = [
+pub const KEYS: [&str; 24] = [
     "host",
     "port",
     "http_host",
@@ -43,7 +43,6 @@ pub const KEYS: [&str; 25] = [
     "app_version",
     "log_format",
     "log_level",
-    "config",
 ];
 
 /// Environment variable naming the config file when `--config` is not given.
@@ -441,7 +440,6 @@ fn key_of_env_var(name: &str) -> Option<&'static str> {
     let rest = name.strip_prefix("TESSERA_")?;
     KEYS.iter()
         .copied()
-        .filter(|key| *key != "config")
         .find(|key| key.eq_ignore_ascii_case(rest) && rest.bytes().all(|b| !b.is_ascii_lowercase()))
 }
 
@@ -1199,8 +1197,8 @@ mod tests {
     }
 
     #[test]
-    fn every_key_except_config_can_be_set_by_name() {
-        for key in KEYS.iter().filter(|k| **k != "config") {
+    fn every_key_can_be_set_by_name() {
+        for key in KEYS {
             assert!(ConfigLayer::default().set(key, "1".into()), "{key}");
         }
         assert!(!ConfigLayer::default().set("nope", "1".into()));
