@@ -27,7 +27,7 @@ pub struct Cli {
 pub enum Command {
     /// Run a cluster node until SIGINT/SIGTERM, then leave the cluster gracefully.
     #[command(after_help = NODE_AFTER_HELP)]
-    Node(NodeArgs),
+    Node(Box<NodeArgs>),
     /// Start a small local cluster and show it working.
     Demo(DemoArgs),
     /// Benchmarks.
@@ -219,7 +219,7 @@ mod tests {
 
     fn node(args: &[&str]) -> NodeArgs {
         match parse(&[&["node"], args].concat()).command {
-            Command::Node(node) => node,
+            Command::Node(node) => *node,
             other => panic!("expected node, got {other:?}"),
         }
     }
