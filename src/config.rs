@@ -478,7 +478,9 @@ impl NodeConfig {
         Self::from_layer(file.overridden_by(env).overridden_by(flags))
     }
 
-    /// Validates a (merged) layer, filling unset keys with the defaults.
+    /// Validates a (merged) layer, filling unset keys with the defaults. `quorum_size` and
+    /// `down_if_alone` are read only for the strategy they belong to, so switching
+    /// `downing_strategy` with a flag does not trip over the other strategy's settings.
     pub fn from_layer(layer: ConfigLayer) -> Result<Self, ConfigError> {
         let d = NodeConfig::default();
         let host = match layer.host {
