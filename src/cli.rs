@@ -1,0 +1,425 @@
+//! Command-line definitions (clap derive) and the step from `tessera node` flags to a validated
+//! [`NodeConfig`].
+//!
+//! Node flags are all optional strings without clap defaults: a clap default would be
+//! indistinguishable from a flag the user typed and would beat the config file. The defaults
+//! live in [`NodeConfig::default`], and each flag's help states it and its environment variable
+//! (a test keeps the two in step). Environment variables are read by
+//! [`ConfigLayer::from_env`], not by clap, so that the precedence flag > env > file > default is
+//! decided in one place and can be tested without touching the process environment.
+
+use crate::config::{ConfigError, ConfigLayer, NodeConfig};
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// `tessera`: run a cluster node, the demo, or the benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a cluster node until SIGINT/SIGTERM, then leave the cluster gracefully.
+    #[command(after_help = NODE_AFTER_HELP)]
+    Node(Box<NodeArgs>),
+    /// Start a small local cluster and show it working.
+    Demo(DemoArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+const NODE_AFTER_HELP: &str = "Every flag has a config-file key (the flag name with '_' for \
+'-', seed_nodes for --seed) and a TESSERA_<KEY> environment variable; lists in the environment \
+are comma-separated. Precedence: flag > environment > config file > default.";
+
+/// Flags of `tessera node`: one per configuration key, all optional.
+#[derive(Debug, Default, Args)]
+pub struct NodeArgs {
+    /// TOML config file [env: TESSERA_CONFIG]
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Host to bind and advertise for cluster traffic [default: 127.0.0.1] [env: TESSERA_HOST]
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+    /// Cluster port [default: 25520] [env: TESSERA_PORT]
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<String>,
+    /// Host for the HTTP management API [default: same as --host] [env: TESSERA_HTTP_HOST]
+    #[arg(long, value_name = "HOST")]
+    pub http_host: Option<String>,
+    /// HTTP management API port [default: 8558] [env: TESSERA_HTTP_PORT]
+    #[arg(long, value_name = "PORT")]
+    pub http_port: Option<String>,
+    /// Seed node to join through; repeat or comma-separate [default: none] [env: TESSERA_SEED_NODES]
+    #[arg(long = "seed", value_name = "HOST:PORT", value_delimiter = ',')]
+    pub seed_nodes: Vec<String>,
+    /// Directory for local state [default: ./tessera-data] [env: TESSERA_DATA_DIR]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<String>,
+    /// Roles of this node, comma-separated [default: none] [env: TESSERA_ROLES]
+    #[arg(long, value_name = "ROLES", value_delimiter = ',')]
+    pub roles: Vec<String>,
+    /// Shared cluster secret; prefer the file or env, flags show in `ps` [default: none] [env: TESSERA_CLUSTER_SECRET]
+    #[arg(long, value_name = "SECRET")]
+    pub cluster_secret: Option<String>,
+    /// Stable membership time before the split-brain resolver acts [default: 20s] [env: TESSERA_STABLE_AFTER]
+    #[arg(long, value_name = "DURATION")]
+    pub stable_after: Option<String>,
+    /// Heartbeat interval [default: 1s] [env: TESSERA_HEARTBEAT_INTERVAL]
+    #[arg(long, value_name = "DURATION")]
+    pub heartbeat_interval: Option<String>,
+    /// Gossip interval [default: 1s] [env: TESSERA_GOSSIP_INTERVAL]
+    #[arg(long, value_name = "DURATION")]
+    pub gossip_interval: Option<String>,
+    /// Time the first seed waits for other seeds before joining itself [default: 5s] [env: TESSERA_SEED_NODE_TIMEOUT]
+    #[arg(long, value_name = "DURATION")]
+    pub seed_node_timeout: Option<String>,
+    /// Time without convergence before joining members become WeaklyUp [default: 7s] [env: TESSERA_ALLOW_WEAKLY_UP_AFTER]
+    #[arg(long, value_name = "DURATION")]
+    pub allow_weakly_up_after: Option<String>,
+    /// Neighbours monitoring each node, 1..=100 [default: 5] [env: TESSERA_MONITORED_BY]
+    #[arg(long, value_name = "N")]
+    pub monitored_by: Option<String>,
+    /// Phi accrual threshold [default: 8] [env: TESSERA_FAILURE_DETECTOR_THRESHOLD]
+    #[arg(long, value_name = "PHI")]
+    pub failure_detector_threshold: Option<String>,
+    /// Tolerated heartbeat pause [default: 3s] [env: TESSERA_ACCEPTABLE_HEARTBEAT_PAUSE]
+    #[arg(long, value_name = "DURATION")]
+    pub acceptable_heartbeat_pause: Option<String>,
+    /// Minimum heartbeat standard deviation [default: 100ms] [env: TESSERA_MIN_STD_DEVIATION]
+    #[arg(long, value_name = "DURATION")]
+    pub min_std_deviation: Option<String>,
+    /// keep-majority, static-quorum, keep-oldest or down-all [default: keep-majority] [env: TESSERA_DOWNING_STRATEGY]
+    #[arg(long, value_name = "STRATEGY")]
+    pub downing_strategy: Option<String>,
+    /// Quorum for static-quorum [default: none] [env: TESSERA_QUORUM_SIZE]
+    #[arg(long, value_name = "N")]
+    pub quorum_size: Option<String>,
+    /// keep-oldest: down the oldest when it is alone [default: true] [env: TESSERA_DOWN_IF_ALONE]
+    #[arg(long, value_name = "BOOL")]
+    pub down_if_alone: Option<String>,
+    /// Largest transport frame in bytes [default: 4194304] [env: TESSERA_MAX_FRAME_SIZE]
+    #[arg(long, value_name = "BYTES")]
+    pub max_frame_size: Option<String>,
+    /// Application version gossiped for rolling updates [default: the binary's version] [env: TESSERA_APP_VERSION]
+    #[arg(long, value_name = "VERSION")]
+    pub app_version: Option<String>,
+    /// text or json [default: text] [env: TESSERA_LOG_FORMAT]
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Level or filter; RUST_LOG overrides it [default: info] [env: TESSERA_LOG_LEVEL]
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+}
+
+impl NodeArgs {
+    /// The flags the user typed, as the top configuration layer.
+    pub fn to_layer(&self) -> ConfigLayer {
+        let list = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+        ConfigLayer {
+            host: self.host.clone(),
+            port: self.port.as_deref().map(Into::into),
+            http_host: self.http_host.clone(),
+            http_port: self.http_port.as_deref().map(Into::into),
+            seed_nodes: list(&self.seed_nodes),
+            data_dir: self.data_dir.clone(),
+            roles: list(&self.roles),
+            cluster_secret: self.cluster_secret.clone(),
+            stable_after: self.stable_after.as_deref().map(Into::into),
+            heartbeat_interval: self.heartbeat_interval.as_deref().map(Into::into),
+            gossip_interval: self.gossip_interval.as_deref().map(Into::into),
+            seed_node_timeout: self.seed_node_timeout.as_deref().map(Into::into),
+            allow_weakly_up_after: self.allow_weakly_up_after.as_deref().map(Into::into),
+            monitored_by: self.monitored_by.as_deref().map(Into::into),
+            failure_detector_threshold: self.failure_detector_threshold.as_deref().map(Into::into),
+            acceptable_heartbeat_pause: self.acceptable_heartbeat_pause.as_deref().map(Into::into),
+            min_std_deviation: self.min_std_deviation.as_deref().map(Into::into),
+            downing_strategy: self.downing_strategy.clone(),
+            quorum_size: self.quorum_size.as_deref().map(Into::into),
+            down_if_alone: self.down_if_alone.as_deref().map(Into::into),
+            max_frame_size: self.max_frame_size.as_deref().map(Into::into),
+            app_version: self.app_version.clone(),
+            log_format: self.log_format.clone(),
+            log_level: self.log_level.clone(),
+        }
+    }
+
+    /// Builds the validated configuration from these flags, the process environment and the
+    /// config file.
+    pub fn to_config(&self) -> Result<NodeConfig, ConfigError> {
+        self.to_config_with_env(std::env::vars_os())
+    }
+
+    /// Like [`NodeArgs::to_config`] with an explicit environment (for tests).
+    pub fn to_config_with_env<I>(&self, env: I) -> Result<NodeConfig, ConfigError>
+    where
+        I: IntoIterator<Item = (OsString, OsString)>,
+    {
+        NodeConfig::load(self.to_layer(), self.config.as_deref(), env)
+    }
+}
+
+/// Flags of `tessera demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Number of nodes to start.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub nodes: u16,
+}
+
+/// `tessera bench ...`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Cluster formation and convergence at several sizes.
+    Cluster(BenchClusterArgs),
+    /// Journal write and replay throughput against raw RocksDB.
+    Journal(BenchJournalArgs),
+}
+
+/// Flags of `tessera bench cluster`.
+#[derive(Debug, Args)]
+pub struct BenchClusterArgs {
+    /// Cluster sizes to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [3u16, 10, 25],
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub nodes: Vec<u16>,
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `tessera bench journal`.
+#[derive(Debug, Args)]
+pub struct BenchJournalArgs {
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// A short run for CI and smoke tests.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DowningStrategy, KEYS};
+    use clap::CommandFactory;
+    use std::time::Duration;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("tessera").chain(args.iter().copied())).unwrap()
+    }
+
+    fn node(args: &[&str]) -> NodeArgs {
+        match parse(&[&["node"], args].concat()).command {
+            Command::Node(node) => *node,
+            other => panic!("expected node, got {other:?}"),
+        }
+    }
+
+    fn no_env() -> Vec<(OsString, OsString)> {
+        Vec::new()
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn node_without_flags_gives_defaults() {
+        let config = node(&[]).to_config_with_env(no_env()).unwrap();
+        assert_eq!(config, NodeConfig::default());
+    }
+
+    #[test]
+    fn node_flags_reach_the_config() {
+        let args = node(&[
+            "--host",
+            "127.0.0.2",
+            "--port",
+            "3000",
+            "--http-port",
+            "3001",
+            "--seed",
+            "127.0.0.1:1",
+            "--seed",
+            "127.0.0.1:2,127.0.0.1:3",
+            "--data-dir",
+            "/tmp/x",
+            "--roles",
+            "a,b",
+            "--stable-after",
+            "30s",
+            "--heartbeat-interval",
+            "2s",
+            "--monitored-by",
+            "9",
+            "--downing-strategy",
+            "static-quorum",
+            "--quorum-size",
+            "2",
+            "--log-format",
+            "json",
+            "--cluster-secret",
+            "0123456789abcdef",
+        ]);
+        let config = args.to_config_with_env(no_env()).unwrap();
+        assert_eq!(config.host, "127.0.0.2");
+        assert_eq!(config.http_host, "127.0.0.2");
+        assert_eq!((config.port, config.http_port), (3000, 3001));
+        assert_eq!(config.seed_nodes.len(), 3);
+        assert_eq!(config.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(config.roles.len(), 2);
+        assert_eq!(config.stable_after, Duration::from_secs(30));
+        assert_eq!(config.heartbeat_interval, Duration::from_secs(2));
+        assert_eq!(config.monitored_by, 9);
+        assert_eq!(
+            config.downing_strategy,
+            DowningStrategy::StaticQuorum { quorum_size: 2 }
+        );
+        assert!(config.cluster_secret.is_some());
+    }
+
+    #[test]
+    fn flag_beats_env_and_env_fills_what_flags_leave_out() {
+        let env = vec![
+            ("TESSERA_PORT".into(), "4000".into()),
+            ("TESSERA_GOSSIP_INTERVAL".into(), "3s".into()),
+        ];
+        let config = node(&["--port", "5000"]).to_config_with_env(env).unwrap();
+        assert_eq!(config.port, 5000);
+        assert_eq!(config.gossip_interval, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn flags_beat_the_config_file() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), "port = 6000\nhttp_port = 6001\n").unwrap();
+        let path = file.path().to_str().unwrap();
+        let config = node(&["--config", path, "--port", "7000"])
+            .to_config_with_env(no_env())
+            .unwrap();
+        assert_eq!((config.port, config.http_port), (7000, 6001));
+    }
+
+    #[test]
+    fn bad_flag_values_are_config_errors_naming_the_key() {
+        let err = node(&["--stable-after", "abc"])
+            .to_config_with_env(no_env())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"invalid value "abc" for stable_after: expected a duration like 2s or 500ms"#
+        );
+        let err = node(&["--host", "0.0.0.0"])
+            .to_config_with_env(no_env())
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::NonLoopbackWithoutSecret { .. }));
+    }
+
+    #[test]
+    fn unknown_flag_is_refused() {
+        assert!(Cli::try_parse_from(["tessera", "node", "--prot", "1"]).is_err());
+        assert!(Cli::try_parse_from(["tessera"]).is_err());
+    }
+
+    #[test]
+    fn every_config_key_has_a_flag_documented_with_its_env_var() {
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("node")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("--config <FILE>") && help.contains("[env: TESSERA_CONFIG]"));
+        for key in KEYS {
+            let flag = if key == "seed_nodes" {
+                "seed".to_string()
+            } else {
+                key.replace('_', "-")
+            };
+            assert!(help.contains(&format!("--{flag} ")), "--{flag} missing");
+            let env = format!("[env: TESSERA_{}]", key.to_ascii_uppercase());
+            assert!(help.contains(&env), "{env} missing");
+        }
+    }
+
+    #[test]
+    fn help_states_the_real_defaults() {
+        let help = Cli::command()
+            .find_subcommand_mut("node")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        let d = NodeConfig::default();
+        let dur = |d: Duration| humantime::format_duration(d).to_string();
+        for expected in [
+            format!("[default: {}]", d.host),
+            format!("[default: {}]", d.port),
+            format!("[default: {}]", d.http_port),
+            format!("[default: {}]", d.data_dir.display()),
+            format!("[default: {}]", dur(d.stable_after)),
+            format!("[default: {}]", dur(d.heartbeat_interval)),
+            format!("[default: {}]", dur(d.seed_node_timeout)),
+            format!("[default: {}]", dur(d.allow_weakly_up_after)),
+            format!("[default: {}]", dur(d.acceptable_heartbeat_pause)),
+            format!("[default: {}]", dur(d.min_std_deviation)),
+            format!("[default: {}]", d.monitored_by),
+            format!("[default: {}]", d.failure_detector_threshold),
+            format!("[default: {}]", d.downing_strategy.as_str()),
+            format!("[default: {}]", d.max_frame_size),
+            format!("[default: {}]", d.log_format),
+            format!("[default: {}]", d.log_level),
+        ] {
+            assert!(help.contains(&expected), "{expected} missing from:\n{help}");
+        }
+    }
+
+    #[test]
+    fn demo_nodes_defaults_to_three() {
+        assert!(matches!(
+            parse(&["demo"]).command,
+            Command::Demo(DemoArgs { nodes: 3 })
+        ));
+        assert!(matches!(
+            parse(&["demo", "--nodes", "5"]).command,
+            Command::Demo(DemoArgs { nodes: 5 })
+        ));
+        assert!(Cli::try_parse_from(["tessera", "demo", "--nodes", "0"]).is_err());
+    }
+
+    #[test]
+    fn bench_cluster_sizes_and_json() {
+        match parse(&["bench", "cluster"]).command {
+            Command::Bench(BenchCommand::Cluster(a)) => {
+                assert_eq!(a.nodes, vec![3, 10, 25]);
+                assert!(!a.json);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["bench", "cluster", "--nodes", "5,50", "--json"]).command {
+            Command::Bench(BenchCommand::Cluster(a)) => {
+                assert_eq!(a.nodes, vec![5, 50]);
+                assert!(a.json);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bench_journal_flags() {
+        match parse(&["bench", "journal", "--json", "--quick"]).command {
+            Command::Bench(BenchCommand::Journal(a)) => assert!(a.json && a.quick),
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["tessera", "bench"]).is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! `GET /metrics`: the node's counters in the Prometheus text exposition format 0.0.4.
+
+use super::Control;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use std::fmt::Write;
+use tessera_cluster::MemberStatus;
+
+/// Content type of the Prometheus text format.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The numbers `/metrics` shows, collected by the node wiring from the cluster and transport.
+/// Counters (`*_total`) only grow for the life of the process; the rest are gauges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeMetrics {
+    /// Members per status; statuses missing here are rendered as 0.
+    pub members_by_status: Vec<(MemberStatus, u64)>,
+    /// Members some observer cannot reach.
+    pub unreachable_members: u64,
+    /// Full gossip states sent.
+    pub gossip_sent_total: u64,
+    /// Gossip messages received.
+    pub gossip_received_total: u64,
+    /// Gossip status digests (version only) sent.
+    pub gossip_status_sent_total: u64,
+    /// Heartbeats sent to monitored nodes.
+    pub heartbeats_sent_total: u64,
+    /// Heartbeat responses received.
+    pub heartbeat_responses_received_total: u64,
+    /// Whether this node is the leader.
+    pub is_leader: bool,
+    /// Transport frames received.
+    pub frames_in_total: u64,
+    /// Transport frames sent.
+    pub frames_out_total: u64,
+    /// Transport bytes received.
+    pub bytes_in_total: u64,
+    /// Transport bytes sent.
+    pub bytes_out_total: u64,
+    /// Inbound connections accepted after the handshake.
+    pub connections_accepted_total: u64,
+    /// Inbound connections refused, by reason.
+    pub connections_refused_total: RefusedConnections,
+    /// Outbound messages dropped because a send queue was full.
+    pub send_dropped_total: u64,
+    /// Inbound messages dropped because a service queue was full.
+    pub inbound_dropped_total: u64,
+    /// Requests that got no response within their timeout.
+    pub request_timeouts_total: u64,
+}
+
+/// Refused connections by reason (the `reason` label).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RefusedConnections {
+    /// Handshake MAC did not match the cluster secret.
+    pub auth: u64,
+    /// Handshake or frame did not decode.
+    pub malformed: u64,
+    /// A frame was larger than `max_frame_size`.
+    pub oversize: u64,
+}
+
+/// One metric family: name, help, type and its samples (`labels`, value).
+struct Family<'a> {
+    name: &'a str,
+    help: &'a str,
+    kind: &'a str,
+    samples: Vec<(String, u64)>,
+}
+
+impl<'a> Family<'a> {
+    fn new(name: &'a str, kind: &'a str, help: &'a str) -> Self {
+        Self {
+            name,
+            help,
+            kind,
+            samples: Vec::new(),
+        }
+    }
+
+    fn counter(name: &'a str, help: &'a str, value: u64) -> Self {
+        Self::new(name, "counter", help).sample("", value)
+    }
+
+    fn gauge(name: &'a str, help: &'a str, value: u64) -> Self {
+        Self::new(name, "gauge", help).sample("", value)
+    }
+
+    /// Adds a sample; `labels` is empty or `key="value"` pairs, already escaped.
+    fn sample(mut self, labels: &str, value: u64) -> Self {
+        self.samples.push((labels.to_string(), value));
+        self
+    }
+
+    fn write(&self, out: &mut String) {
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        for (labels, value) in &self.samples {
+            if labels.is_empty() {
+                let _ = writeln!(out, "{} {value}", self.name);
+            } else {
+                let _ = writeln!(out, "{}{{{labels}}} {value}", self.name);
+            }
+        }
+    }
+}
+
+/// Renders `metrics` in the Prometheus text format. Every member status and every refusal
+/// reason is present, zeros included, so dashboards never see a series appear from nowhere.
+pub fn render_prometheus(metrics: &NodeMetrics) -> String {
+    let mut members = Family::new(
+        "tessera_cluster_members",
+        "gauge",
+        "Members of the cluster by status, as seen by this node.",
+    );
+    for status in MemberStatus::ALL {
+        let count: u64 = metrics
+            .members_by_status
+            .iter()
+            .filter(|(s, _)| *s == status)
+            .map(|(_, n)| *n)
+            .sum();
+        members = members.sample(&format!("status=\"{}\"", status.as_str()), count);
+    }
+    let refused = metrics.connections_refused_total;
+    let families = [
+        members,
+        Family::gauge(
+            "tessera_cluster_unreachable_members",
+            "Members that some observer cannot reach.",
+            metrics.unreachable_members,
+        ),
+        Family::gauge(
+            "tessera_cluster_is_leader",
+            "1 when this node is the cluster leader, else 0.",
+            u64::from(metrics.is_leader),
+        ),
+        Family::counter(
+            "tessera_cluster_gossip_sent_total",
+            "Full gossip states sent.",
+            metrics.gossip_sent_total,
+        ),
+        Family::counter(
+            "tessera_cluster_gossip_received_total",
+            "Gossip messages received.",
+            metrics.gossip_received_total,
+        ),
+        Family::counter(
+            "tessera_cluster_gossip_status_sent_total",
+            "Gossip status digests sent.",
+            metrics.gossip_status_sent_total,
+        ),
+        Family::counter(
+            "tessera_cluster_heartbeats_sent_total",
+            "Heartbeats sent to monitored nodes.",
+            metrics.heartbeats_sent_total,
+        ),
+        Family::counter(
+            "tessera_cluster_heartbeat_responses_received_total",
+            "Heartbeat responses received.",
+            metrics.heartbeat_responses_received_total,
+        ),
+        Family::counter(
+            "tessera_transport_frames_in_total",
+            "Transport frames received.",
+            metrics.frames_in_total,
+        ),
+        Family::counter(
+            "tessera_transport_frames_out_total",
+            "Transport frames sent.",
+            metrics.frames_out_total,
+        ),
+        Family::counter(
+            "tessera_transport_bytes_in_total",
+            "Transport bytes received.",
+            metrics.bytes_in_total,
+        ),
+        Family::counter(
+            "tessera_transport_bytes_out_total",
+            "Transport bytes sent.",
+            metrics.bytes_out_total,
+        ),
+        Family::counter(
+            "tessera_transport_connections_accepted_total",
+            "Inbound connections accepted after the handshake.",
+            metrics.connections_accepted_total,
+        ),
+        Family::new(
+            "tessera_transport_connections_refused_total",
+            "counter",
+            "Inbound connections refused, by reason.",
+        )
+        .sample("reason=\"auth\"", refused.auth)
+        .sample("reason=\"malformed\"", refused.malformed)
+        .sample("reason=\"oversize\"", refused.oversize),
+        Family::counter(
+            "tessera_transport_send_dropped_total",
+            "Outbound messages dropped because a send queue was full.",
+            metrics.send_dropped_total,
+        ),
+        Family::counter(
+            "tessera_transport_inbound_dropped_total",
+            "Inbound messages dropped because a service queue was full.",
+            metrics.inbound_dropped_total,
+        ),
+        Family::counter(
+            "tessera_transport_request_timeouts_total",
+            "Requests that got no response within their timeout.",
+            metrics.request_timeouts_total,
+        ),
+    ];
+    let mut out = String::with_capacity(4096);
+    for family in &families {
+        family.write(&mut out);
+    }
+    out
+}
+
+/// `GET /metrics`.
+pub(super) async fn handler(State(control): State<Control>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
+        render_prometheus(&control.metrics()),
+    )
+}

@@ -1,0 +1,179 @@
+//! HTTP management API (ARCHITECTURE §8): cluster members, join/leave/down, health, metrics.
+//!
+//! The API reaches the cluster only through [`ClusterControl`], which the node wiring
+//! implements for the real cluster and the tests implement with a fake. Every error is JSON
+//! `{"error": "..."}` with a fitting status, including axum's own rejections, unknown routes and
+//! wrong methods.
+
+mod health;
+mod members;
+mod metrics;
+
+pub use members::{MemberView, MembersView};
+pub use metrics::{NodeMetrics, RefusedConnections, render_prometheus};
+
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use std::future::Future;
+use std::sync::Arc;
+use tessera_cluster::Address;
+
+/// Largest request body accepted; every request body of this API is a few dozen bytes.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// What the HTTP API needs from the running cluster. Calls must be cheap and must not block:
+/// the implementation hands commands to the cluster task (failing with
+/// [`ControlError::Overloaded`] when its queue is full) rather than waiting for them.
+pub trait ClusterControl: Send + Sync + 'static {
+    /// A snapshot of the membership as this node sees it.
+    fn members(&self) -> MembersView;
+    /// Asks this node to join the cluster that `address` belongs to.
+    fn join(&self, address: Address) -> Result<(), ControlError>;
+    /// Asks the member at `address` to leave gracefully.
+    fn leave(&self, address: Address) -> Result<(), ControlError>;
+    /// Marks the member at `address` as down (operator decision).
+    fn down(&self, address: Address) -> Result<(), ControlError>;
+    /// Counters and gauges for `/metrics`.
+    fn metrics(&self) -> NodeMetrics;
+}
+
+/// Why the cluster refused a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// No member has this address.
+    #[error("no member with address {0}")]
+    UnknownMember(Address),
+    /// The node is shutting down and takes no more commands.
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    /// The cluster's command queue is full; retry later.
+    #[error("the node is overloaded, retry later")]
+    Overloaded,
+}
+
+/// An error response: a status code and a message, rendered as `{"error": message}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// What went wrong, for the operator.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this status and message.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// 400 Bad Request.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response()
+    }
+}
+
+impl From<ControlError> for ApiError {
+    fn from(err: ControlError) -> Self {
+        let status = match err {
+            ControlError::UnknownMember(_) => StatusCode::NOT_FOUND,
+            ControlError::ShuttingDown | ControlError::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        };
+        ApiError::new(status, err.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    /// Syntax and shape errors are the client's malformed body: 400 with serde's description.
+    /// A missing `Content-Type: application/json` stays 415: requiring it makes browsers send
+    /// a CORS preflight, so a web page cannot down members through an operator's browser.
+    fn from(rejection: JsonRejection) -> Self {
+        let status = match &rejection {
+            JsonRejection::JsonDataError(_) | JsonRejection::JsonSyntaxError(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            other => other.status(),
+        };
+        ApiError::new(
+            status,
+            format!("invalid request body: {}", rejection.body_text()),
+        )
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::bad_request(format!("invalid path: {}", rejection.body_text()))
+    }
+}
+
+/// Parses an address from a request, naming the problem on failure.
+fn parse_address(text: &str) -> Result<Address, ApiError> {
+    text.parse::<Address>()
+        .map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// The shared state of every handler.
+type Control = Arc<dyn ClusterControl>;
+
+/// The management API's routes over `control`.
+pub fn router(control: Arc<dyn ClusterControl>) -> Router {
+    Router::new()
+        .route("/cluster/members", get(members::list))
+        .route("/cluster/members/{address}", put(members::update))
+        .route("/cluster/join", post(members::join))
+        .route("/health/alive", get(health::alive))
+        .route("/health/ready", get(health::ready))
+        .route("/metrics", get(metrics::handler))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(control)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this route",
+    )
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then stops accepting and waits
+/// for in-flight requests to finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+pub(crate) mod test_support;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,7 @@
+//! tessera root package: node configuration, command line, HTTP management API and logging
+//! setup. The node wiring plugs the cluster into these; nothing here knows how membership works.
+
+pub mod cli;
+pub mod config;
+pub mod http;
+pub mod logging;
