@@ -78,6 +78,14 @@ pub struct DriverCounters {
     pub decode_errors: AtomicU64,
 }
 
+/// An operator command for [`ClusterHandle::submit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Join(Address),
+    Leave(Address),
+    Down(Address),
+}
+
 enum Command {
     Join(Address, oneshot::Sender<Result<(), ClusterError>>),
     Leave(Address, oneshot::Sender<Result<(), ClusterError>>),
@@ -133,6 +141,40 @@ impl ClusterHandle {
     /// Marks the member at `address` Down.
     pub async fn down(&self, address: Address) -> Result<(), ClusterError> {
         self.call(|reply| Command::Down(address, reply)).await
+    }
+
+    /// Hands an operator command to the driver without waiting for it to be applied (for
+    /// callers that must not block, such as HTTP handlers). An unknown member is refused
+    /// here, against the latest snapshot.
+    pub fn submit(&self, operation: Operation) -> Result<(), ClusterError> {
+        if self.stop_reason().is_some() {
+            return Err(ClusterError::ShuttingDown);
+        }
+        let snapshot = self.snapshot.borrow();
+        let (tx, _) = oneshot::channel();
+        let command = match operation {
+            Operation::Join(address) => {
+                if snapshot.self_status.is_some() {
+                    return Err(MembershipError::AlreadyMember.into());
+                }
+                Command::Join(address, tx)
+            }
+            Operation::Leave(address) | Operation::Down(address)
+                if snapshot.member_at(&address).is_none() =>
+            {
+                return Err(MembershipError::UnknownMember(address).into());
+            }
+            Operation::Leave(address) => Command::Leave(address, tx),
+            Operation::Down(address) => Command::Down(address, tx),
+        };
+        drop(snapshot);
+        self.try_command(command)
+    }
+
+    /// Stops the driver at once, without leaving: the node simply disappears, as if its
+    /// process were killed (benchmarks and tests of failure detection use this).
+    pub fn abort(&self) {
+        let _ = self.commands.try_send(Command::Stop);
     }
 
     /// Subscribes to cluster events: the current state first, then every change. A

@@ -53,6 +53,9 @@ pub enum ControlError {
     /// The cluster's command queue is full; retry later.
     #[error("the node is overloaded, retry later")]
     Overloaded,
+    /// The command contradicts the node's state (e.g. joining while already a member).
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// An error response: a status code and a message, rendered as `{"error": message}`.
@@ -93,6 +96,7 @@ impl From<ControlError> for ApiError {
     fn from(err: ControlError) -> Self {
         let status = match err {
             ControlError::UnknownMember(_) => StatusCode::NOT_FOUND,
+            ControlError::Conflict(_) => StatusCode::CONFLICT,
             ControlError::ShuttingDown | ControlError::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

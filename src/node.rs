@@ -1,0 +1,323 @@
+//! A tessera node: the cluster transport, the cluster protocols and the HTTP management API,
+//! wired from a [`NodeConfig`], running until a signal or the cluster ends its membership.
+
+use crate::config::{DowningStrategy, NodeConfig};
+use crate::http::{
+    self, ClusterControl, ControlError, MemberView, MembersView, NodeMetrics, RefusedConnections,
+};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_cluster::core::{ClusterCoreConfig, DowningConfig, StopReason};
+use tessera_cluster::failure_detector::FailureDetectorConfig;
+use tessera_cluster::heartbeat::HeartbeatConfig;
+use tessera_cluster::membership::MembershipConfig;
+use tessera_cluster::node::{ClusterError, ClusterHandle, ClusterStartError, Operation};
+use tessera_cluster::sbr;
+use tessera_cluster::transport::{TcpTransport, Transport, TransportConfig, TransportError};
+use tessera_cluster::{Address, MemberStatus};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How long a node waits for its graceful leave to complete before it exits anyway.
+pub const LEAVE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Exit status of a node that was downed (by an operator or the split-brain resolver), so
+/// that a supervisor can tell it from a clean leave (0).
+pub const EXIT_CODE_DOWNED: u8 = 3;
+
+/// Failure to start a node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cluster transport: {0}")]
+    Transport(#[from] TransportError),
+    #[error("cluster: {0}")]
+    Cluster(#[from] ClusterStartError),
+    #[error("cannot bind the HTTP API to {address}: {source}")]
+    HttpBind {
+        address: String,
+        source: std::io::Error,
+    },
+}
+
+/// A started node.
+pub struct RunningNode {
+    pub cluster: ClusterHandle,
+    pub transport: Arc<TcpTransport>,
+    /// Where the HTTP API listens (the real port when 0 was configured).
+    pub http_address: SocketAddr,
+    http_shutdown: watch::Sender<bool>,
+    http_task: JoinHandle<()>,
+}
+
+impl RunningNode {
+    /// The cluster address this node is reachable at.
+    pub fn cluster_address(&self) -> &Address {
+        &self.transport.local().address
+    }
+
+    /// Leaves the cluster gracefully and shuts everything down; returns why the node stopped.
+    pub async fn leave_and_stop(self, timeout: Duration) -> Option<StopReason> {
+        let reason = self.cluster.leave_and_stop(timeout).await;
+        self.stop().await;
+        reason
+    }
+
+    /// Vanishes without leaving, as a killed process would (for benchmarks and tests).
+    pub async fn kill(self) {
+        self.cluster.abort();
+        self.stop().await;
+    }
+
+    async fn stop(self) {
+        self.transport.shutdown();
+        let _ = self.http_shutdown.send(true);
+        let _ = self.http_task.await;
+    }
+}
+
+/// The cluster protocol settings a node configuration implies.
+pub fn cluster_core_config(config: &NodeConfig) -> ClusterCoreConfig {
+    let membership = MembershipConfig {
+        roles: config.roles.clone(),
+        app_version: config.app_version.clone(),
+        seed_nodes: config.seed_nodes.clone(),
+        seed_node_timeout: config.seed_node_timeout,
+        gossip_interval: config.gossip_interval,
+        allow_weakly_up_after: Some(config.allow_weakly_up_after),
+        ..MembershipConfig::default()
+    };
+    let heartbeat = HeartbeatConfig {
+        interval: config.heartbeat_interval,
+        monitored_by: config.monitored_by as usize,
+        expected_response_after: config.heartbeat_interval,
+        fd: FailureDetectorConfig {
+            threshold: config.failure_detector_threshold,
+            acceptable_heartbeat_pause: config.acceptable_heartbeat_pause,
+            min_std_deviation: config.min_std_deviation,
+            first_heartbeat_estimate: config.heartbeat_interval,
+            ..FailureDetectorConfig::default()
+        },
+    };
+    let strategy = match config.downing_strategy {
+        DowningStrategy::KeepMajority => sbr::DowningStrategy::KeepMajority { role: None },
+        DowningStrategy::StaticQuorum { quorum_size } => sbr::DowningStrategy::StaticQuorum {
+            quorum_size: quorum_size as usize,
+            role: None,
+        },
+        DowningStrategy::KeepOldest { down_if_alone } => sbr::DowningStrategy::KeepOldest {
+            down_if_alone,
+            role: None,
+        },
+        DowningStrategy::DownAll => sbr::DowningStrategy::DownAll,
+    };
+    ClusterCoreConfig {
+        membership,
+        heartbeat,
+        downing: Some(DowningConfig {
+            strategy,
+            stable_after: config.stable_after,
+        }),
+    }
+}
+
+/// The transport settings a node configuration implies.
+pub fn transport_config(config: &NodeConfig) -> TransportConfig {
+    TransportConfig {
+        bind_address: config.cluster_address(),
+        cluster_secret: config.cluster_secret.as_ref().map(|s| s.expose().to_string()),
+        max_frame_size_bytes: config.max_frame_size,
+        ..TransportConfig::default()
+    }
+}
+
+/// Binds the transport and the HTTP API and starts the cluster protocols (joining through the
+/// seed nodes, if configured).
+pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
+    let transport = TcpTransport::bind(transport_config(config), rand::random()).await?;
+    let cluster = tessera_cluster::node::start(transport.clone(), cluster_core_config(config))?;
+    let http_bind = format!("{}:{}", config.http_host, config.http_port);
+    let listener = tokio::net::TcpListener::bind(&http_bind)
+        .await
+        .map_err(|source| NodeError::HttpBind {
+            address: http_bind.clone(),
+            source,
+        })?;
+    let http_address = listener.local_addr().map_err(|source| NodeError::HttpBind {
+        address: http_bind,
+        source,
+    })?;
+    let control = Arc::new(NodeControl {
+        cluster: cluster.clone(),
+        transport: transport.clone(),
+    });
+    let (http_shutdown, mut shutdown_rx) = watch::channel(false);
+    let router = http::router(control);
+    let http_task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = shutdown_rx.wait_for(|stop| *stop).await;
+        };
+        if let Err(e) = http::serve(listener, router, shutdown).await {
+            tracing::error!(error = %e, "HTTP API stopped");
+        }
+    });
+    Ok(RunningNode {
+        cluster,
+        transport,
+        http_address,
+        http_shutdown,
+        http_task,
+    })
+}
+
+/// Runs a node until SIGINT/SIGTERM (then leaves gracefully) or until the cluster ends its
+/// membership. Returns the process exit status.
+pub async fn run(config: NodeConfig) -> u8 {
+    let node = match start(&config).await {
+        Ok(node) => node,
+        Err(e) => {
+            tracing::error!(error = %e, "node failed to start");
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    // A stable line on stdout that scripts and tests wait for.
+    println!(
+        "tessera node {} listening: cluster={} http={}",
+        node.cluster.self_node(),
+        node.cluster_address(),
+        node.http_address
+    );
+    tracing::info!(
+        node = %node.cluster.self_node(),
+        http = %node.http_address,
+        seeds = ?config.seed_nodes.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        "node started"
+    );
+    let cluster = node.cluster.clone();
+    let reason = tokio::select! {
+        signal = shutdown_signal() => {
+            tracing::info!(signal, "shutting down: leaving the cluster");
+            node.leave_and_stop(LEAVE_TIMEOUT).await
+        }
+        reason = cluster.stopped() => {
+            node.stop().await;
+            reason
+        }
+    };
+    match reason {
+        Some(StopReason::Downed) => {
+            tracing::warn!("this node was downed; exiting");
+            EXIT_CODE_DOWNED
+        }
+        _ => {
+            tracing::info!("node stopped");
+            0
+        }
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the node can still be stopped through the cluster.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// [`ClusterControl`] for the real cluster.
+struct NodeControl {
+    cluster: ClusterHandle,
+    transport: Arc<TcpTransport>,
+}
+
+impl NodeControl {
+    fn submit(&self, operation: Operation) -> Result<(), ControlError> {
+        self.cluster.submit(operation).map_err(|e| match e {
+            ClusterError::Membership(tessera_cluster::membership::MembershipError::UnknownMember(a)) => {
+                ControlError::UnknownMember(a)
+            }
+            ClusterError::Membership(other) => ControlError::Conflict(other.to_string()),
+            ClusterError::ShuttingDown => ControlError::ShuttingDown,
+            ClusterError::Overloaded { .. } => ControlError::Overloaded,
+        })
+    }
+}
+
+impl ClusterControl for NodeControl {
+    fn members(&self) -> MembersView {
+        let snapshot = self.cluster.snapshot();
+        MembersView {
+            self_address: self.cluster.self_node().address.clone(),
+            self_status: snapshot.self_status,
+            leader: snapshot.leader.as_ref().map(|l| l.address.clone()),
+            members: snapshot
+                .members
+                .iter()
+                .map(|m| MemberView {
+                    address: m.address().clone(),
+                    uid: m.unique_address.uid,
+                    status: m.status,
+                    roles: m.roles.iter().cloned().collect(),
+                    reachable: !snapshot.unreachable.contains(&m.unique_address),
+                    up_number: m.up_number,
+                })
+                .collect(),
+        }
+    }
+
+    fn join(&self, address: Address) -> Result<(), ControlError> {
+        self.submit(Operation::Join(address))
+    }
+
+    fn leave(&self, address: Address) -> Result<(), ControlError> {
+        self.submit(Operation::Leave(address))
+    }
+
+    fn down(&self, address: Address) -> Result<(), ControlError> {
+        self.submit(Operation::Down(address))
+    }
+
+    fn metrics(&self) -> NodeMetrics {
+        let snapshot = self.cluster.snapshot();
+        let transport = self.transport.metrics().snapshot();
+        let members_by_status = MemberStatus::ALL
+            .iter()
+            .map(|status| {
+                let count = snapshot.members.iter().filter(|m| m.status == *status).count();
+                (*status, count as u64)
+            })
+            .collect();
+        NodeMetrics {
+            members_by_status,
+            unreachable_members: snapshot.unreachable.len() as u64,
+            gossip_sent_total: snapshot.stats.gossip_sent,
+            gossip_received_total: snapshot.stats.gossip_received,
+            gossip_status_sent_total: snapshot.stats.gossip_status_sent,
+            heartbeats_sent_total: snapshot.heartbeats_sent,
+            heartbeat_responses_received_total: snapshot.heartbeat_responses_received,
+            is_leader: snapshot.is_leader(),
+            frames_in_total: transport.frames_in,
+            frames_out_total: transport.frames_out,
+            bytes_in_total: transport.bytes_in,
+            bytes_out_total: transport.bytes_out,
+            connections_accepted_total: transport.connections_accepted,
+            connections_refused_total: RefusedConnections {
+                auth: transport.connections_refused_auth,
+                malformed: transport.connections_refused_malformed,
+                oversize: transport.connections_refused_oversize,
+            },
+            send_dropped_total: transport.send_dropped_queue_full,
+            inbound_dropped_total: transport.inbound_dropped_queue_full
+                + transport.inbound_unknown_service,
+            request_timeouts_total: transport.request_timeouts,
+        }
+    }
+}
