@@ -6,6 +6,7 @@
 
 pub mod address;
 pub mod member;
+pub mod transport;
 
 pub use address::{Address, AddressParseError, UniqueAddress};
 pub use member::{Member, MemberStatus};
