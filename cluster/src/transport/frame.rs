@@ -134,6 +134,9 @@ pub fn decode(payload: &[u8]) -> Result<Frame, FrameError> {
 pub struct FrameCodec {
     inner: LengthDelimitedCodec,
     max_frame_size_bytes: usize,
+    /// The inner codec has consumed a length prefix and waits for the payload, so the buffer
+    /// starts with payload bytes, not with a prefix to check.
+    mid_frame: bool,
 }
 
 impl FrameCodec {
@@ -147,6 +150,7 @@ impl FrameCodec {
         Self {
             inner,
             max_frame_size_bytes,
+            mid_frame: false,
         }
     }
 
@@ -169,19 +173,24 @@ impl Decoder for FrameCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
-        let announced = src
-            .get(..LENGTH_PREFIX_BYTES)
-            .and_then(|prefix| <[u8; LENGTH_PREFIX_BYTES]>::try_from(prefix).ok())
-            .map(u32::from_be_bytes);
-        if let Some(announced) = announced {
-            let size_bytes = usize::try_from(announced).unwrap_or(usize::MAX);
-            // The inner codec consumes the prefix once it has read it, so this check only sees
-            // prefixes of frames not yet started; the inner codec re-checks the same limit.
-            if size_bytes > self.max_frame_size_bytes {
-                return Err(self.too_large(size_bytes));
+        if !self.mid_frame {
+            let announced = src
+                .get(..LENGTH_PREFIX_BYTES)
+                .and_then(|prefix| <[u8; LENGTH_PREFIX_BYTES]>::try_from(prefix).ok())
+                .map(u32::from_be_bytes);
+            if let Some(announced) = announced {
+                let size_bytes = usize::try_from(announced).unwrap_or(usize::MAX);
+                if size_bytes > self.max_frame_size_bytes {
+                    return Err(self.too_large(size_bytes));
+                }
             }
         }
-        Ok(self.inner.decode(src)?)
+        let buffered_bytes = src.len();
+        let frame = self.inner.decode(src)?;
+        // No frame yet but the buffer shrank: the inner codec took the prefix and now waits for
+        // the payload. A complete frame ends the frame either way.
+        self.mid_frame = frame.is_none() && (self.mid_frame || src.len() < buffered_bytes);
+        Ok(frame)
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
@@ -331,6 +340,27 @@ mod tests {
             err.to_string(),
             "frame of 9000000 bytes exceeds max_frame_size_bytes=4194304"
         );
+    }
+
+    #[test]
+    fn codec_does_not_mistake_payload_bytes_for_a_length_prefix() {
+        let mut codec = FrameCodec::new(1024);
+        let mut buf = BytesMut::from(&100u32.to_be_bytes()[..]);
+        buf.extend_from_slice(&[0xff; 10]);
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        buf.extend_from_slice(&[0xff; 90]);
+        assert_eq!(
+            &codec.decode(&mut buf).unwrap().unwrap()[..],
+            &[0xff; 100][..]
+        );
+        buf.extend_from_slice(&2000u32.to_be_bytes());
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(FrameError::TooLarge {
+                size_bytes: 2000,
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -46,6 +46,10 @@ enum ConnectionError {
     Frame(#[from] FrameError),
     #[error("{0}")]
     Handshake(#[from] HandshakeError),
+    /// Before authentication every framing error, even an oversize length, means the peer is
+    /// not speaking our protocol.
+    #[error("during handshake: {0}")]
+    HandshakeFrame(FrameError),
     #[error("connection closed by peer during the handshake")]
     ClosedDuringHandshake,
     #[error("connect did not complete within connect_timeout={0:?}")]
@@ -68,7 +72,9 @@ impl ConnectionError {
             ConnectionError::Frame(FrameError::TooLarge { .. }) => {
                 &metrics.connections_refused_oversize
             }
-            ConnectionError::Frame(e) if e.is_protocol_violation() => {
+            ConnectionError::Frame(e) | ConnectionError::HandshakeFrame(e)
+                if e.is_protocol_violation() =>
+            {
                 &metrics.connections_refused_malformed
             }
             ConnectionError::HandshakeTimeout(_) => &metrics.handshake_timeouts,
@@ -397,8 +403,9 @@ async fn read_frame(connection: &mut Connection) -> Result<Frame, ConnectionErro
     let payload = connection
         .next()
         .await
-        .ok_or(ConnectionError::ClosedDuringHandshake)??;
-    Ok(frame::decode(&payload)?)
+        .ok_or(ConnectionError::ClosedDuringHandshake)?
+        .map_err(ConnectionError::HandshakeFrame)?;
+    frame::decode(&payload).map_err(ConnectionError::HandshakeFrame)
 }
 
 /// A fresh challenge from the OS-seeded thread RNG (a CSPRNG): handshake nonces must be
