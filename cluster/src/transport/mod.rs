@@ -18,6 +18,9 @@ pub mod memory;
 pub mod metrics;
 pub mod tcp;
 
+#[cfg(test)]
+mod tests;
+
 pub use link_faults::{LinkDecision, LinkFaults};
 pub use memory::{MemoryNetwork, MemoryTransport};
 pub use metrics::{MetricsSnapshot, TransportMetrics};
