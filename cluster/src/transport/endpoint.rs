@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Locks a mutex whose data stays consistent even if a holder panicked (every critical section
 /// here is a single map operation), so poisoning is not a reason to fail.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

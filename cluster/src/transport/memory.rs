@@ -6,9 +6,9 @@
 //! receiving transport. The fault for each message is decided when it is sent, by
 //! [`LinkFaults`]; a delay is applied by the link task, which keeps the link's order.
 
-use super::endpoint::Endpoint;
+use super::endpoint::{Endpoint, lock};
 use super::frame::Frame;
-use super::lanes::{EnqueueError, LaneReceivers, LaneSenders, lane_queues};
+use super::lanes::{LaneReceivers, PeerQueues};
 use super::link_faults::{InvalidProbability, LinkDecision, LinkFaults};
 use super::metrics::TransportMetrics;
 use super::{
@@ -18,16 +18,12 @@ use super::{
 use crate::address::{Address, UniqueAddress};
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The shared medium: which transport is bound at which address, and the link faults.
 pub struct MemoryNetwork {
@@ -78,9 +74,8 @@ impl MemoryNetwork {
         let local = UniqueAddress::new(address.clone(), uid);
         let transport = Arc::new_cyclic(|me| MemoryTransport {
             endpoint: Endpoint::new(local, &config),
-            config,
             network: Arc::downgrade(self),
-            links: Mutex::new(HashMap::new()),
+            links: PeerQueues::new(&config),
             runtime,
             me: me.clone(),
         });
@@ -165,19 +160,16 @@ struct Queued {
 /// One node's transport on a [`MemoryNetwork`].
 pub struct MemoryTransport {
     endpoint: Endpoint,
-    config: TransportConfig,
     network: Weak<MemoryNetwork>,
     /// Outbound lane queues per destination address, each drained by one link task.
-    links: Mutex<HashMap<Address, LaneSenders<Queued>>>,
+    links: PeerQueues<Queued>,
     runtime: Handle,
     me: Weak<MemoryTransport>,
 }
 
 impl MemoryTransport {
     fn stop(&self) {
-        let mut links = lock(&self.links);
-        self.endpoint.close();
-        links.clear();
+        self.links.close(&self.endpoint);
     }
 
     /// Moves frames from this node to `to`, control first, honouring each frame's delay. The
@@ -235,28 +227,16 @@ impl Outbound for MemoryTransport {
             LinkDecision::Deliver { delay } if delay.is_zero() => None,
             LinkDecision::Deliver { delay } => Some(Instant::now() + delay),
         };
-        let mut links = lock(&self.links);
-        if self.endpoint.is_closed() {
-            return Err(SendError::Closed);
-        }
-        let queues = links.entry(to.clone()).or_insert_with(|| {
-            let (senders, receivers) = lane_queues(
-                self.config.control_queue_capacity,
-                self.config.bulk_queue_capacity,
-            );
-            if let Some(me) = self.me.upgrade() {
-                self.runtime.spawn(me.run_link(to.clone(), receivers));
-            }
-            senders
-        });
         let queued = Queued {
             payload,
             deliver_at,
         };
-        queues.try_send(lane, queued).map_err(|e| match e {
-            EnqueueError::Full { capacity } => self.endpoint.queue_full(to, lane, capacity),
-            EnqueueError::Closed => SendError::Closed,
-        })
+        self.links
+            .try_send(&self.endpoint, to, lane, queued, |queues| {
+                if let Some(me) = self.me.upgrade() {
+                    self.runtime.spawn(me.run_link(to.clone(), queues));
+                }
+            })
     }
 }
 

@@ -10,7 +10,7 @@
 use super::endpoint::Endpoint;
 use super::frame::{self, Frame, FrameCodec, FrameError, HANDSHAKE_MAX_FRAME_BYTES, Nonce};
 use super::handshake::{Acceptor, Connector, HandshakeError, SecretKey};
-use super::lanes::{EnqueueError, LaneReceivers, LaneSenders, lane_queues};
+use super::lanes::{LaneReceivers, PeerQueues};
 use super::metrics::TransportMetrics;
 use super::{
     Inbound, Lane, Outbound, RequestError, SendError, ServiceId, Transport, TransportConfig,
@@ -20,9 +20,8 @@ use crate::address::{Address, UniqueAddress};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use rand::RngCore;
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
@@ -91,9 +90,8 @@ pub struct TcpTransport {
     endpoint: Endpoint,
     config: TransportConfig,
     key: SecretKey,
-    /// Outbound lane queues per peer address; the writer task for a peer is spawned with its
-    /// entry and lives until shutdown.
-    peers: Mutex<HashMap<Address, LaneSenders<Bytes>>>,
+    /// Outbound lane queues per peer, each drained by that peer's writer task.
+    peers: PeerQueues<Bytes>,
     runtime: Handle,
     me: Weak<TcpTransport>,
 }
@@ -120,8 +118,8 @@ impl TcpTransport {
         let transport = Arc::new_cyclic(|me| TcpTransport {
             endpoint: Endpoint::new(local, &config),
             key: SecretKey::derive(config.cluster_secret.as_deref()),
+            peers: PeerQueues::new(&config),
             config,
-            peers: Mutex::new(HashMap::new()),
             runtime: Handle::current(),
             me: me.clone(),
         });
@@ -329,25 +327,12 @@ impl TcpTransport {
 impl Outbound for TcpTransport {
     fn enqueue(&self, to: &Address, lane: Lane, frame: &Frame) -> Result<(), SendError> {
         let payload = self.endpoint.encode(frame)?;
-        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        // Checked under the lock so no writer is spawned after `shutdown` cleared the table.
-        if self.endpoint.is_closed() {
-            return Err(SendError::Closed);
-        }
-        let queues = peers.entry(to.clone()).or_insert_with(|| {
-            let (senders, receivers) = lane_queues(
-                self.config.control_queue_capacity,
-                self.config.bulk_queue_capacity,
-            );
-            if let Some(me) = self.me.upgrade() {
-                self.runtime.spawn(me.run_writer(to.clone(), receivers));
-            }
-            senders
-        });
-        queues.try_send(lane, payload).map_err(|e| match e {
-            EnqueueError::Full { capacity } => self.endpoint.queue_full(to, lane, capacity),
-            EnqueueError::Closed => SendError::Closed,
-        })
+        self.peers
+            .try_send(&self.endpoint, to, lane, payload, |queues| {
+                if let Some(me) = self.me.upgrade() {
+                    self.runtime.spawn(me.run_writer(to.clone(), queues));
+                }
+            })
     }
 }
 
@@ -392,9 +377,7 @@ impl Transport for TcpTransport {
     }
 
     fn shutdown(&self) {
-        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        self.endpoint.close();
-        peers.clear();
+        self.peers.close(&self.endpoint);
     }
 }
 
