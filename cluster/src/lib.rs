@@ -13,8 +13,11 @@ pub mod gossip;
 pub mod heartbeat;
 pub mod member;
 pub mod membership;
+pub mod node;
 pub mod reachability;
 pub mod sbr;
+pub mod sim;
+pub mod transport;
 pub mod vclock;
 
 pub use address::{Address, AddressParseError, UniqueAddress};

@@ -1,0 +1,80 @@
+//! Transport counters: what came in, what went out, and every reason something was dropped.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Declares the counters once and derives both the atomic struct and its plain snapshot, so a
+/// new counter cannot be added to one and forgotten in the other.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),+ $(,)?) => {
+        /// Live transport counters, updated with relaxed atomics from every task of a node's
+        /// transport; read them with [`TransportMetrics::snapshot`].
+        #[derive(Debug, Default)]
+        pub struct TransportMetrics {
+            $($(#[$doc])* pub(crate) $name: AtomicU64,)+
+        }
+
+        /// A point-in-time copy of [`TransportMetrics`], for assertions and the metrics endpoint.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct MetricsSnapshot {
+            $($(#[$doc])* pub $name: u64,)+
+        }
+
+        impl TransportMetrics {
+            /// Copies every counter; counters are read one by one, so the copy is not atomic
+            /// across counters (good enough for monitoring and for tests that wait for a value).
+            pub fn snapshot(&self) -> MetricsSnapshot {
+                MetricsSnapshot { $($name: self.$name.load(Ordering::Relaxed),)+ }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Frames received on established connections (after the handshake).
+    frames_in,
+    /// Frames written to established connections.
+    frames_out,
+    /// Frame payload bytes received (without the 4-byte length prefix).
+    bytes_in,
+    /// Frame payload bytes written (without the 4-byte length prefix).
+    bytes_out,
+    /// Messages dropped by `send`/`request` because the peer's outbound lane queue was full.
+    send_dropped_queue_full,
+    /// Inbound messages dropped because the registered service's queue was full.
+    inbound_dropped_queue_full,
+    /// Inbound messages for a service nobody registered.
+    inbound_unknown_service,
+    /// Responses whose request had already timed out or never existed.
+    responses_unmatched,
+    /// Inbound connections that completed the handshake.
+    connections_accepted,
+    /// Connections refused because the peer could not prove the cluster secret (or, on the
+    /// connecting side, the acceptor could not).
+    connections_refused_auth,
+    /// Connections closed for garbage bytes, undecodable frames or unsupported versions.
+    connections_refused_malformed,
+    /// Connections closed because a frame exceeded `max_frame_size_bytes`.
+    connections_refused_oversize,
+    /// Inbound connections that did not finish the handshake within `handshake_timeout`.
+    handshake_timeouts,
+    /// Outbound connection attempts that failed (refused, timed out, handshake failed).
+    connect_failures,
+    /// Requests that got no response within their timeout.
+    request_timeouts,
+    /// Requests currently waiting for a response (a gauge, not a counter).
+    requests_pending,
+}
+
+impl TransportMetrics {
+    pub(crate) fn incr(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, amount: usize) {
+        counter.fetch_add(u64::try_from(amount).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub(crate) fn decr(counter: &AtomicU64) {
+        counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,345 @@
+//! Node-to-node transport: messages addressed to a service on a peer, one-way or as requests.
+//!
+//! [`Transport`] is what the protocol layers code against. [`tcp::TcpTransport`] is the real
+//! implementation (length-delimited frames, authenticated handshake, one outbound connection per
+//! peer with a control lane that never waits behind bulk data); [`memory::MemoryNetwork`] is an
+//! in-process network with the same semantics plus link faults, for deterministic tests. One test
+//! suite runs against both.
+//!
+//! Delivery is at-most-once and ordered per (sender, receiver, lane). Every queue is bounded and
+//! a full queue drops the message and counts it; nothing waits for a slow peer.
+
+mod endpoint;
+pub mod frame;
+pub mod handshake;
+mod lanes;
+pub mod link_faults;
+pub mod memory;
+pub mod metrics;
+pub mod tcp;
+
+#[cfg(test)]
+mod tests;
+
+pub use link_faults::{LinkDecision, LinkFaults};
+pub use memory::{MemoryNetwork, MemoryTransport};
+pub use metrics::{MetricsSnapshot, TransportMetrics};
+pub use tcp::TcpTransport;
+
+use crate::address::{Address, UniqueAddress};
+use bytes::Bytes;
+use frame::Frame;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::sync::Weak;
+use std::time::Duration;
+
+/// Identifies the receiving component on a node (membership, heartbeat, replicator, ...).
+pub type ServiceId = u16;
+
+/// The service ids in use; each layer that talks over the transport gets one.
+pub mod services {
+    use super::ServiceId;
+
+    /// Join, gossip and other membership traffic.
+    pub const MEMBERSHIP: ServiceId = 1;
+    /// Failure detector heartbeats.
+    pub const HEARTBEAT: ServiceId = 2;
+}
+
+/// Which outbound queue a message waits in. Control traffic (heartbeats, membership) is always
+/// written before any waiting bulk data, so a replication backlog cannot make a node look dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Lane {
+    Control,
+    Bulk,
+}
+
+/// A message delivered to a registered service.
+#[derive(Debug)]
+pub struct Inbound {
+    /// The sender's incarnation, authenticated by the handshake.
+    pub from: UniqueAddress,
+    pub service: ServiceId,
+    pub payload: Bytes,
+    /// Present when the sender made a request and waits for an answer.
+    pub reply: Option<Responder>,
+}
+
+/// The way back to a requester; answering is optional (the requester then times out).
+pub struct Responder {
+    to: Address,
+    lane: Lane,
+    correlation_id: u64,
+    // Weak: an unanswered request sitting in a service queue must not keep a shut-down
+    // transport alive.
+    outbound: Weak<dyn Outbound>,
+}
+
+impl Responder {
+    /// Sends the response on the lane the request came on; same queueing rules as `send`.
+    pub fn respond(self, payload: Bytes) -> Result<(), SendError> {
+        let outbound = self.outbound.upgrade().ok_or(SendError::Closed)?;
+        outbound.enqueue(
+            &self.to,
+            self.lane,
+            &Frame::Response {
+                correlation_id: self.correlation_id,
+                payload,
+            },
+        )
+    }
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responder")
+            .field("to", &self.to)
+            .field("lane", &self.lane)
+            .field("correlation_id", &self.correlation_id)
+            .finish()
+    }
+}
+
+/// The one primitive both implementations provide: queue a frame for a peer without blocking.
+pub(crate) trait Outbound: Send + Sync {
+    fn enqueue(&self, to: &Address, lane: Lane, frame: &Frame) -> Result<(), SendError>;
+}
+
+/// The node-to-node transport every protocol layer codes against.
+pub trait Transport: Send + Sync + 'static {
+    /// This node's incarnation, with the port actually bound.
+    fn local(&self) -> &UniqueAddress;
+
+    /// Register a service; inbound messages for it go to the returned bounded receiver.
+    /// Registering twice is an error.
+    fn register(
+        &self,
+        service: ServiceId,
+        queue_capacity: usize,
+    ) -> Result<tokio::sync::mpsc::Receiver<Inbound>, TransportError>;
+
+    /// Fire-and-forget, at-most-once, ordered per (sender,receiver) pair. Never blocks: when the
+    /// peer's outbound queue for that lane is full the message is dropped, counted, and
+    /// Err(SendError::QueueFull) returned.
+    fn send(
+        &self,
+        to: &Address,
+        service: ServiceId,
+        lane: Lane,
+        payload: Bytes,
+    ) -> Result<(), SendError>;
+
+    /// Request/response with a correlation id and timeout.
+    fn request(
+        &self,
+        to: &Address,
+        service: ServiceId,
+        lane: Lane,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Bytes, RequestError>> + Send;
+
+    /// Counters for monitoring and tests.
+    fn metrics(&self) -> &TransportMetrics;
+
+    /// Stop listening, close connections; pending requests fail with a Closed error.
+    fn shutdown(&self);
+}
+
+/// Errors of setting up a transport or registering a service.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("cannot bind {address}: {source}")]
+    Bind {
+        address: Address,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("address {address} is already bound in this in-memory network")]
+    AddressInUse { address: Address },
+    #[error("service {service} is already registered on {local}")]
+    AlreadyRegistered {
+        service: ServiceId,
+        local: UniqueAddress,
+    },
+    #[error("queue_capacity for service {service} is 0 (expected at least 1)")]
+    ZeroQueueCapacity { service: ServiceId },
+    #[error("invalid transport config: {field}={value} ({expected})")]
+    InvalidConfig {
+        field: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("no tokio runtime: transports must be created inside one")]
+    NoRuntime,
+    #[error("transport {local} is shut down")]
+    Closed { local: UniqueAddress },
+}
+
+/// Why a message was not queued. Queued messages may still be lost (at-most-once).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error("outbound {lane:?} queue to {to} is full (capacity {capacity}); message dropped")]
+    QueueFull {
+        to: Address,
+        lane: Lane,
+        capacity: usize,
+    },
+    #[error("frame of {size_bytes} bytes exceeds max_frame_size_bytes={max_frame_size_bytes}")]
+    FrameTooLarge {
+        size_bytes: usize,
+        max_frame_size_bytes: usize,
+    },
+    #[error("cannot encode frame: {0}")]
+    Encode(String),
+    #[error("transport is shut down")]
+    Closed,
+}
+
+/// Why a request produced no response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("request to service {service} at {to} timed out after {timeout_ms} ms")]
+    Timeout {
+        to: Address,
+        service: ServiceId,
+        timeout_ms: u64,
+    },
+    #[error("request not sent: {0}")]
+    Send(#[from] SendError),
+    #[error("{pending} requests pending, max_pending_requests={max_pending_requests}")]
+    TooManyPending {
+        pending: usize,
+        max_pending_requests: usize,
+    },
+    #[error("transport shut down while the request to {to} was pending")]
+    Closed { to: Address },
+}
+
+/// Settings of a node's transport; the in-memory transport uses the queue, frame and request
+/// limits and ignores the socket ones.
+#[derive(Clone)]
+pub struct TransportConfig {
+    /// Where to listen; port 0 picks a free port (see [`Transport::local`] for the real one).
+    pub bind_address: Address,
+    /// Host other nodes should use to reach us, when it differs from the bind host
+    /// (e.g. binding 0.0.0.0).
+    pub advertised_host: Option<String>,
+    /// Shared secret every node of the cluster must know; `None` still runs the handshake with
+    /// an empty secret (so versions and identities are checked) but authenticates nothing.
+    pub cluster_secret: Option<String>,
+    /// Largest frame payload accepted or sent; a larger inbound frame closes the connection.
+    pub max_frame_size_bytes: usize,
+    /// Outbound control-lane queue per peer.
+    pub control_queue_capacity: usize,
+    /// Outbound bulk-lane queue per peer.
+    pub bulk_queue_capacity: usize,
+    pub connect_timeout: Duration,
+    /// First wait after a failed connection attempt; doubles up to `reconnect_backoff_max`.
+    pub reconnect_backoff_min: Duration,
+    pub reconnect_backoff_max: Duration,
+    /// Time an inbound or outbound connection has to complete the handshake.
+    pub handshake_timeout: Duration,
+    /// Inbound connections served at once; further ones wait in the listen backlog.
+    pub max_inbound_connections: usize,
+    /// Requests waiting for a response at once; more fail with `TooManyPending`.
+    pub max_pending_requests: usize,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            bind_address: Address::new("127.0.0.1", 25520),
+            advertised_host: None,
+            cluster_secret: None,
+            max_frame_size_bytes: 4 * 1024 * 1024,
+            control_queue_capacity: 1024,
+            bulk_queue_capacity: 4096,
+            connect_timeout: Duration::from_secs(5),
+            reconnect_backoff_min: Duration::from_millis(100),
+            reconnect_backoff_max: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(5),
+            max_inbound_connections: 1024,
+            max_pending_requests: 65_536,
+        }
+    }
+}
+
+impl std::fmt::Debug for TransportConfig {
+    // Hand-written so the secret never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportConfig")
+            .field("bind_address", &self.bind_address)
+            .field("advertised_host", &self.advertised_host)
+            .field(
+                "cluster_secret",
+                &self.cluster_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("max_frame_size_bytes", &self.max_frame_size_bytes)
+            .field("control_queue_capacity", &self.control_queue_capacity)
+            .field("bulk_queue_capacity", &self.bulk_queue_capacity)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("reconnect_backoff_min", &self.reconnect_backoff_min)
+            .field("reconnect_backoff_max", &self.reconnect_backoff_max)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("max_inbound_connections", &self.max_inbound_connections)
+            .field("max_pending_requests", &self.max_pending_requests)
+            .finish()
+    }
+}
+
+impl TransportConfig {
+    /// Checks every limit, naming the first bad field, its value and what is expected.
+    pub fn validate(&self) -> Result<(), TransportError> {
+        fn bad(
+            field: &'static str,
+            value: impl ToString,
+            expected: &'static str,
+        ) -> TransportError {
+            TransportError::InvalidConfig {
+                field,
+                value: value.to_string(),
+                expected,
+            }
+        }
+        let max_frame_limit = usize::try_from(u32::MAX).unwrap_or(usize::MAX);
+        if self.max_frame_size_bytes < frame::HANDSHAKE_MAX_FRAME_BYTES
+            || self.max_frame_size_bytes > max_frame_limit
+        {
+            return Err(bad(
+                "max_frame_size_bytes",
+                self.max_frame_size_bytes,
+                "expected 1024..=4294967295",
+            ));
+        }
+        for (field, value) in [
+            ("control_queue_capacity", self.control_queue_capacity),
+            ("bulk_queue_capacity", self.bulk_queue_capacity),
+            ("max_inbound_connections", self.max_inbound_connections),
+            ("max_pending_requests", self.max_pending_requests),
+        ] {
+            if value == 0 {
+                return Err(bad(field, value, "expected at least 1"));
+            }
+        }
+        if self.reconnect_backoff_min.is_zero()
+            || self.reconnect_backoff_min > self.reconnect_backoff_max
+        {
+            return Err(bad(
+                "reconnect_backoff_min",
+                format!("{:?}", self.reconnect_backoff_min),
+                "expected > 0 and <= reconnect_backoff_max",
+            ));
+        }
+        for (field, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("handshake_timeout", self.handshake_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(bad(field, format!("{value:?}"), "expected > 0"));
+            }
+        }
+        Ok(())
+    }
+}
