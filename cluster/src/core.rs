@@ -90,6 +90,8 @@ pub struct ClusterCore {
     outbox: Vec<CoreOutgoing>,
     /// When this node first saw itself Exiting.
     exiting_since: Option<Instant>,
+    /// Whether this node was ever Leaving or Exiting (so a removal is the end of a leave).
+    was_leaving: bool,
     heartbeats_sent: u64,
     heartbeat_responses_received: u64,
 }
@@ -119,6 +121,7 @@ impl ClusterCore {
             ring_source: Default::default(),
             outbox: Vec::new(),
             exiting_since: None,
+            was_leaving: false,
             heartbeats_sent: 0,
             heartbeat_responses_received: 0,
         })
@@ -220,6 +223,8 @@ impl ClusterCore {
     pub fn stop_reason(&self, now: Instant) -> Option<StopReason> {
         match self.membership.self_status() {
             Some(MemberStatus::Down) => Some(StopReason::Downed),
+            // Removed without having left: others downed and removed it before it heard.
+            Some(MemberStatus::Removed) if !self.was_leaving => Some(StopReason::Downed),
             Some(MemberStatus::Removed) => Some(StopReason::Left),
             Some(MemberStatus::Exiting) => self
                 .exiting_since
@@ -270,6 +275,12 @@ impl ClusterCore {
     /// Keeps the heartbeat ring in step with membership and moves membership's messages to
     /// the outbox.
     fn after_input(&mut self, now: Instant) {
+        if matches!(
+            self.membership.self_status(),
+            Some(MemberStatus::Leaving | MemberStatus::Exiting)
+        ) {
+            self.was_leaving = true;
+        }
         if self.exiting_since.is_none()
             && self.membership.self_status() == Some(MemberStatus::Exiting)
         {

@@ -494,7 +494,15 @@ impl Membership {
 
     fn on_gossip(&mut self, now: Instant, from: &UniqueAddress, to: &UniqueAddress, remote: Gossip) {
         self.stats.gossip_received += 1;
-        if to != &self.self_node || self.latest.tombstones.contains_key(from) {
+        if to != &self.self_node {
+            return;
+        }
+        if self.latest.tombstones.contains_key(from) {
+            // A removed incarnation that missed its removal (e.g. it was downed behind a
+            // one-way partition): our state carries its tombstone, which tells it to stop.
+            if self.is_member() {
+                self.send_gossip(from);
+            }
             return;
         }
         if !self.is_member() {
@@ -536,8 +544,16 @@ impl Membership {
         if next != self.latest {
             self.replace_latest(now, next);
         }
-        if !self.latest.seen_by(from) && self.latest.has_member(from) {
+        if !self.latest.has_member(from) {
+            return;
+        }
+        if !self.latest.seen_by(from) {
+            // The sender is behind (or we merged): it needs our state.
             self.send_gossip(from);
+        } else if !self.latest.seen.is_subset(&remote.seen) {
+            // The sender has our version but not our seen set (at least we have now seen it):
+            // a version-only status lets it reach convergence without another round.
+            self.send_status(from);
         }
     }
 
@@ -548,7 +564,14 @@ impl Membership {
         seen: &BTreeSet<UniqueAddress>,
     ) {
         self.stats.gossip_status_received += 1;
-        if !self.is_member() || !self.latest.has_member(from) {
+        if !self.is_member() {
+            return;
+        }
+        if self.latest.tombstones.contains_key(from) {
+            self.send_gossip(from);
+            return;
+        }
+        if !self.latest.has_member(from) {
             return;
         }
         match version.compare(&self.latest.version) {
@@ -789,6 +812,13 @@ impl Membership {
     }
 
     fn replace_latest(&mut self, now: Instant, next: Gossip) {
+        if next.version != self.latest.version {
+            // A new version spreads faster when pushed right away instead of waiting for the
+            // next round; at most once per gossip_interval/10, so a burst of changes is not a
+            // burst of messages.
+            let soon = now + self.config.gossip_interval / 10;
+            self.next_gossip_at = self.next_gossip_at.min(soon);
+        }
         let new_leader = next.leader(&self.self_node);
         let events = events::diff(&self.latest, &next, &self.leader, &new_leader);
         let previous_self_status = self.latest.member(&self.self_node).map(|m| m.status);

@@ -34,6 +34,8 @@ impl SimNode {
 }
 
 enum Scheduled {
+    /// The node process starts: joining begins, then it ticks.
+    Start(Address),
     Tick(Address),
     Deliver {
         from: UniqueAddress,
@@ -109,7 +111,7 @@ impl Simulation {
                 events: Vec::new(),
             },
         );
-        self.schedule(at, Scheduled::Tick(address));
+        self.schedule(at, Scheduled::Start(address));
         node
     }
 
@@ -186,6 +188,14 @@ impl Simulation {
     fn step(&mut self, item: Scheduled) -> bool {
         let now = self.now;
         let address = match item {
+            Scheduled::Start(address) => {
+                let Some(node) = self.nodes.get_mut(&address) else {
+                    return false;
+                };
+                node.core.start(now);
+                self.schedule(now + TICK_INTERVAL, Scheduled::Tick(address.clone()));
+                address
+            }
             Scheduled::Tick(address) => {
                 let Some(node) = self.nodes.get_mut(&address) else {
                     return false;
