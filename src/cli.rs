@@ -170,7 +170,7 @@ impl NodeArgs {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Number of nodes to start.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=100))]
     pub nodes: u16,
 }
 
@@ -188,7 +188,7 @@ pub enum BenchCommand {
 pub struct BenchClusterArgs {
     /// Cluster sizes to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [3u16, 10, 25],
-          value_parser = clap::value_parser!(u16).range(1..=1000))]
+          value_parser = clap::value_parser!(u16).range(2..=1000))]
     pub nodes: Vec<u16>,
     /// Print results as JSON instead of a table.
     #[arg(long)]

@@ -4,7 +4,7 @@
 
 use crate::http_client;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -41,8 +41,12 @@ pub struct NodeProcess {
 }
 
 /// Spawns `tessera node` with `args`, its logs to `log`, and waits for its "listening" line.
-pub async fn spawn_node(index: usize, args: &[String], log: PathBuf) -> Result<NodeProcess, DemoError> {
-    let exe = std::env::current_exe().map_err(DemoError::Executable)?;
+pub async fn spawn_node(
+    exe: &Path,
+    index: usize,
+    args: &[String],
+    log: PathBuf,
+) -> Result<NodeProcess, DemoError> {
     let spawn_error = |reason: String| DemoError::Spawn { index, reason };
     let log_file = std::fs::File::create(&log)?;
     let mut child = Command::new(exe)
@@ -162,6 +166,7 @@ pub async fn run(node_count: u16) -> Result<(), DemoError> {
     if node_count < 2 {
         return Err(DemoError::TooFewNodes(node_count));
     }
+    let exe = std::env::current_exe().map_err(DemoError::Executable)?;
     let dir = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     println!("tessera demo: {node_count} nodes on 127.0.0.1 (logs in {})", dir.display());
@@ -181,7 +186,7 @@ pub async fn run(node_count: u16) -> Result<(), DemoError> {
     };
 
     println!("\n1. Starting node 1 and forming a new cluster with POST /cluster/join to itself");
-    let first = spawn_node(1, &common(1), dir.join("node-1.log")).await?;
+    let first = spawn_node(&exe, 1, &common(1), dir.join("node-1.log")).await?;
     let body = format!("{{\"address\": \"{}\"}}", first.cluster);
     let joined = http_client::request(first.http, "POST", "/cluster/join", Some(&body), HTTP_TIMEOUT)
         .await
@@ -193,7 +198,7 @@ pub async fn run(node_count: u16) -> Result<(), DemoError> {
         let mut args = common(i);
         args.push("--seed".to_string());
         args.push(nodes[0].cluster.clone());
-        let node = spawn_node(i, &args, dir.join(format!("node-{i}.log"))).await?;
+        let node = spawn_node(&exe, i, &args, dir.join(format!("node-{i}.log"))).await?;
         println!("   node {i}: cluster={} http={}", node.cluster, node.http);
         nodes.push(node);
     }

@@ -5,3 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod logging;
+pub mod bench;
+pub mod demo;
+pub mod http_client;
+pub mod node;

@@ -1,13 +1,23 @@
-//! The `tessera` binary. Until the node wiring lands, `node` validates and prints its
-//! configuration, and `demo` / `bench` say they are not available yet.
+//! The `tessera` binary: `node` runs a cluster node, `demo` the main job, `bench` benchmarks.
 
 use clap::Parser;
 use std::process::ExitCode;
-use tessera::cli::{Cli, Command};
-use tessera::logging;
+use tessera::cli::{BenchCommand, Cli, Command};
+use tessera::logging::{self, LogFormat};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Node(args) => {
             let config = match args.to_config() {
@@ -24,11 +34,30 @@ fn main() -> ExitCode {
             for warning in config.warnings() {
                 tracing::warn!("{warning}");
             }
-            println!("{config:#?}");
-            ExitCode::SUCCESS
+            ExitCode::from(tessera::node::run(config).await)
         }
-        Command::Demo(_) | Command::Bench(_) => {
-            eprintln!("error: this subcommand is not implemented yet");
+        Command::Demo(args) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            match tessera::demo::run(args.nodes).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: demo failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Bench(BenchCommand::Cluster(args)) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            match tessera::bench::cluster::run(&args.nodes, args.json).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: bench cluster failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Bench(BenchCommand::Journal(_)) => {
+            eprintln!("error: the journal benchmark is not part of this build");
             ExitCode::FAILURE
         }
     }

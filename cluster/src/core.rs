@@ -222,7 +222,8 @@ impl ClusterCore {
     /// so that its confirmation reaches the leader before it goes.
     pub fn stop_reason(&self, now: Instant) -> Option<StopReason> {
         match self.membership.self_status() {
-            Some(MemberStatus::Down) => Some(StopReason::Downed),
+            Some(MemberStatus::Down) if !self.was_leaving => Some(StopReason::Downed),
+            Some(MemberStatus::Down) => Some(StopReason::Left),
             // Removed without having left: others downed and removed it before it heard.
             Some(MemberStatus::Removed) if !self.was_leaving => Some(StopReason::Downed),
             Some(MemberStatus::Removed) => Some(StopReason::Left),
@@ -249,6 +250,14 @@ impl ClusterCore {
         let Some(sbr) = self.sbr.as_mut() else {
             return;
         };
+        // Only a full member decides: a node on its way out (or not yet Up) has no business
+        // downing others, and would down itself once its peers had already gone.
+        if !matches!(
+            self.membership.self_status(),
+            Some(MemberStatus::Up | MemberStatus::Leaving)
+        ) {
+            return;
+        }
         let gossip = self.membership.gossip();
         let members: Vec<Member> = gossip.members.values().cloned().collect();
         let unreachable = gossip.unreachable_excluding_downed_observers();

@@ -1,0 +1,20 @@
+//! `tessera bench ...`: benchmarks that measure their baseline in the same run and print the
+//! ratio. Progress goes to stderr; results go to stdout as a table or, with `--json`, as one
+//! JSON object per row.
+
+pub mod cluster;
+
+use serde::Serialize;
+
+/// Prints a progress line on stderr (visible while a long benchmark runs).
+pub fn progress(message: &str) {
+    eprintln!("  .. {message}");
+}
+
+/// Prints one result row as a JSON object on its own line.
+pub fn print_json_row<T: Serialize>(row: &T) {
+    match serde_json::to_string(row) {
+        Ok(line) => println!("{line}"),
+        Err(e) => eprintln!("error: cannot encode a benchmark row: {e}"),
+    }
+}
