@@ -58,7 +58,10 @@ pub async fn spawn_node(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| spawn_error(e.to_string()))?;
-    let stdout = child.stdout.take().ok_or_else(|| spawn_error("no stdout".into()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| spawn_error("no stdout".into()))?;
     let mut lines = BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await
@@ -70,7 +73,8 @@ pub async fn spawn_node(
             .find_map(|w| w.strip_prefix(name))
             .map(str::to_string)
     };
-    let cluster = field("cluster=").ok_or_else(|| spawn_error(format!("unexpected line {line:?}")))?;
+    let cluster =
+        field("cluster=").ok_or_else(|| spawn_error(format!("unexpected line {line:?}")))?;
     let http = field("http=")
         .and_then(|h| h.parse().ok())
         .ok_or_else(|| spawn_error(format!("unexpected line {line:?}")))?;
@@ -89,7 +93,9 @@ pub type View = (Vec<(String, String, bool)>, Option<String>);
 
 /// Reads `GET /cluster/members` of a node; None when it does not answer.
 pub async fn view(http: SocketAddr) -> Option<View> {
-    let response = http_client::get(http, "/cluster/members", HTTP_TIMEOUT).await.ok()?;
+    let response = http_client::get(http, "/cluster/members", HTTP_TIMEOUT)
+        .await
+        .ok()?;
     let json = response.json()?;
     let members = json["members"]
         .as_array()?
@@ -123,7 +129,11 @@ fn print_views(views: &[(String, Option<View>)]) {
                     .iter()
                     .map(|(a, s, r)| format!("{a}={s}{}", if *r { "" } else { "(unreachable)" }))
                     .collect();
-                println!("    {name} sees [{}] leader={}", list.join(", "), leader.as_deref().unwrap_or("-"));
+                println!(
+                    "    {name} sees [{}] leader={}",
+                    list.join(", "),
+                    leader.as_deref().unwrap_or("-")
+                );
             }
             None => println!("    {name}: not answering"),
         }
@@ -169,7 +179,10 @@ pub async fn run(node_count: u16) -> Result<(), DemoError> {
     let exe = std::env::current_exe().map_err(DemoError::Executable)?;
     let dir = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    println!("tessera demo: {node_count} nodes on 127.0.0.1 (logs in {})", dir.display());
+    println!(
+        "tessera demo: {node_count} nodes on 127.0.0.1 (logs in {})",
+        dir.display()
+    );
     let common = |i: usize| {
         vec![
             "--host".to_string(),
@@ -188,12 +201,28 @@ pub async fn run(node_count: u16) -> Result<(), DemoError> {
     println!("\n1. Starting node 1 and forming a new cluster with POST /cluster/join to itself");
     let first = spawn_node(&exe, 1, &common(1), dir.join("node-1.log")).await?;
     let body = format!("{{\"address\": \"{}\"}}", first.cluster);
-    let joined = http_client::request(first.http, "POST", "/cluster/join", Some(&body), HTTP_TIMEOUT)
-        .await
-        .map_err(|e| DemoError::Spawn { index: 1, reason: e.to_string() })?;
-    println!("   node 1: cluster={} http={} -> join answered {}", first.cluster, first.http, joined.status);
+    let joined = http_client::request(
+        first.http,
+        "POST",
+        "/cluster/join",
+        Some(&body),
+        HTTP_TIMEOUT,
+    )
+    .await
+    .map_err(|e| DemoError::Spawn {
+        index: 1,
+        reason: e.to_string(),
+    })?;
+    println!(
+        "   node 1: cluster={} http={} -> join answered {}",
+        first.cluster, first.http, joined.status
+    );
     let mut nodes = vec![first];
-    println!("\n2. Starting {} more nodes with --seed {}", node_count - 1, nodes[0].cluster);
+    println!(
+        "\n2. Starting {} more nodes with --seed {}",
+        node_count - 1,
+        nodes[0].cluster
+    );
     for i in 2..=usize::from(node_count) {
         let mut args = common(i);
         args.push("--seed".to_string());
@@ -207,14 +236,21 @@ pub async fn run(node_count: u16) -> Result<(), DemoError> {
     let n = nodes.len();
     let all: Vec<&NodeProcess> = nodes.iter().collect();
     wait_for("all members Up", &all, start, |views| {
-        let leaders: std::collections::BTreeSet<_> = views.iter().map(|(_, v)| v.as_ref().map(|v| v.1.clone())).collect();
+        let leaders: std::collections::BTreeSet<_> = views
+            .iter()
+            .map(|(_, v)| v.as_ref().map(|v| v.1.clone()))
+            .collect();
         leaders.len() == 1
             && views.iter().all(|(_, v)| {
-                v.as_ref().is_some_and(|(m, _)| m.len() == n && m.iter().all(|(_, s, r)| s == "up" && *r))
+                v.as_ref()
+                    .is_some_and(|(m, _)| m.len() == n && m.iter().all(|(_, s, r)| s == "up" && *r))
             })
     })
     .await?;
-    println!("=> all {n} nodes see {n} members Up with the same leader after {:.1}s", start.elapsed().as_secs_f64());
+    println!(
+        "=> all {n} nodes see {n} members Up with the same leader after {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
 
     let mut victim = nodes.pop().ok_or(DemoError::TooFewNodes(0))?;
     println!("\n3. SIGKILL node {n} ({})", victim.cluster);
@@ -223,18 +259,34 @@ pub async fn run(node_count: u16) -> Result<(), DemoError> {
     let start = Instant::now();
     let survivors: Vec<&NodeProcess> = nodes.iter().collect();
     let victim_address = victim.cluster.clone();
-    wait_for("the killed node is seen unreachable", &survivors, start, |views| {
-        views.iter().all(|(_, v)| {
-            v.as_ref().is_some_and(|(m, _)| m.iter().any(|(a, _, r)| *a == victim_address && !*r))
-        })
-    })
+    wait_for(
+        "the killed node is seen unreachable",
+        &survivors,
+        start,
+        |views| {
+            views.iter().all(|(_, v)| {
+                v.as_ref()
+                    .is_some_and(|(m, _)| m.iter().any(|(a, _, r)| *a == victim_address && !*r))
+            })
+        },
+    )
     .await?;
-    println!("=> every survivor sees {victim_address} unreachable after {:.1}s", start.elapsed().as_secs_f64());
-    wait_for("the killed node is downed and removed", &survivors, start, |views| {
-        views.iter().all(|(_, v)| {
-            v.as_ref().is_some_and(|(m, _)| m.len() == n - 1 && m.iter().all(|(_, s, r)| s == "up" && *r))
-        })
-    })
+    println!(
+        "=> every survivor sees {victim_address} unreachable after {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+    wait_for(
+        "the killed node is downed and removed",
+        &survivors,
+        start,
+        |views| {
+            views.iter().all(|(_, v)| {
+                v.as_ref().is_some_and(|(m, _)| {
+                    m.len() == n - 1 && m.iter().all(|(_, s, r)| s == "up" && *r)
+                })
+            })
+        },
+    )
     .await?;
     println!(
         "=> the split-brain resolver downed it (stable-after {DEMO_STABLE_AFTER}) and the leader removed it: {:.1}s after the kill",

@@ -24,10 +24,7 @@ pub enum HttpClientError {
         timeout: Duration,
     },
     #[error("malformed HTTP response from {address}: {reason}")]
-    Malformed {
-        address: SocketAddr,
-        reason: String,
-    },
+    Malformed { address: SocketAddr, reason: String },
 }
 
 /// A response: status code and body.
@@ -44,7 +41,11 @@ impl HttpResponse {
 }
 
 /// `GET path`.
-pub async fn get(address: SocketAddr, path: &str, timeout: Duration) -> Result<HttpResponse, HttpClientError> {
+pub async fn get(
+    address: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<HttpResponse, HttpClientError> {
     request(address, "GET", path, None, timeout).await
 }
 

@@ -1,11 +1,11 @@
 //! tessera root package: node configuration, command line, HTTP management API and logging
 //! setup. The node wiring plugs the cluster into these; nothing here knows how membership works.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
-pub mod http;
-pub mod logging;
-pub mod bench;
 pub mod demo;
+pub mod http;
 pub mod http_client;
+pub mod logging;
 pub mod node;

@@ -125,7 +125,10 @@ pub fn cluster_core_config(config: &NodeConfig) -> ClusterCoreConfig {
 pub fn transport_config(config: &NodeConfig) -> TransportConfig {
     TransportConfig {
         bind_address: config.cluster_address(),
-        cluster_secret: config.cluster_secret.as_ref().map(|s| s.expose().to_string()),
+        cluster_secret: config
+            .cluster_secret
+            .as_ref()
+            .map(|s| s.expose().to_string()),
         max_frame_size_bytes: config.max_frame_size,
         ..TransportConfig::default()
     }
@@ -143,10 +146,12 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
             address: http_bind.clone(),
             source,
         })?;
-    let http_address = listener.local_addr().map_err(|source| NodeError::HttpBind {
-        address: http_bind,
-        source,
-    })?;
+    let http_address = listener
+        .local_addr()
+        .map_err(|source| NodeError::HttpBind {
+            address: http_bind,
+            source,
+        })?;
     let control = Arc::new(NodeControl {
         cluster: cluster.clone(),
         transport: transport.clone(),
@@ -241,9 +246,9 @@ struct NodeControl {
 impl NodeControl {
     fn submit(&self, operation: Operation) -> Result<(), ControlError> {
         self.cluster.submit(operation).map_err(|e| match e {
-            ClusterError::Membership(tessera_cluster::membership::MembershipError::UnknownMember(a)) => {
-                ControlError::UnknownMember(a)
-            }
+            ClusterError::Membership(
+                tessera_cluster::membership::MembershipError::UnknownMember(a),
+            ) => ControlError::UnknownMember(a),
             ClusterError::Membership(other) => ControlError::Conflict(other.to_string()),
             ClusterError::ShuttingDown => ControlError::ShuttingDown,
             ClusterError::Overloaded { .. } => ControlError::Overloaded,
@@ -291,7 +296,11 @@ impl ClusterControl for NodeControl {
         let members_by_status = MemberStatus::ALL
             .iter()
             .map(|status| {
-                let count = snapshot.members.iter().filter(|m| m.status == *status).count();
+                let count = snapshot
+                    .members
+                    .iter()
+                    .filter(|m| m.status == *status)
+                    .count();
                 (*status, count as u64)
             })
             .collect();

@@ -15,7 +15,9 @@ pub const MESSAGE_FORMAT_VERSION: u8 = 1;
 pub enum DecodeError {
     #[error("empty message payload (expected a format-version byte)")]
     Empty,
-    #[error("message format version {found} is not supported (this node reads version {supported})")]
+    #[error(
+        "message format version {found} is not supported (this node reads version {supported})"
+    )]
     UnsupportedVersion { found: u8, supported: u8 },
     #[error("malformed {what} message: {reason}")]
     Malformed { what: &'static str, reason: String },

@@ -6,7 +6,9 @@
 
 use crate::address::{Address, UniqueAddress};
 use crate::events::ClusterEvent;
-use crate::heartbeat::{HeartbeatConfig, HeartbeatConfigError, HeartbeatRequest, HeartbeatResponse, HeartbeatSender};
+use crate::heartbeat::{
+    HeartbeatConfig, HeartbeatConfigError, HeartbeatRequest, HeartbeatResponse, HeartbeatSender,
+};
 use crate::member::{Member, MemberStatus};
 use crate::membership::{Membership, MembershipConfig, MembershipError, MembershipMessage};
 use crate::sbr::{DowningStrategy, SbrConfigError, SbrView, SplitBrainResolver};
@@ -172,23 +174,32 @@ impl ClusterCore {
         self.collect_membership_outbox();
     }
 
-    pub fn handle_membership(&mut self, now: Instant, from: &UniqueAddress, message: MembershipMessage) {
+    pub fn handle_membership(
+        &mut self,
+        now: Instant,
+        from: &UniqueAddress,
+        message: MembershipMessage,
+    ) {
         self.membership.handle(now, from, message);
         self.after_input(now);
     }
 
-    pub fn handle_heartbeat(&mut self, now: Instant, from: &UniqueAddress, message: HeartbeatMessage) {
+    pub fn handle_heartbeat(
+        &mut self,
+        now: Instant,
+        from: &UniqueAddress,
+        message: HeartbeatMessage,
+    ) {
         match message {
             HeartbeatMessage::Request(request) => {
-                // Answer only as a member: a node that is not (or no longer) in the cluster
-                // must not look alive to the cluster's failure detectors.
-                if self.membership.is_member() {
-                    let response = self.heartbeat.heartbeat_request_received(&request);
-                    self.outbox.push(CoreOutgoing {
-                        to: from.address.clone(),
-                        message: CoreMessage::Heartbeat(HeartbeatMessage::Response(response)),
-                    });
-                }
+                // Answered even before the Welcome arrives: the cluster monitors a node from
+                // the moment it is Joining. Responses carry our uid, so a requester watching
+                // another incarnation of this address ignores them.
+                let response = self.heartbeat.heartbeat_request_received(&request);
+                self.outbox.push(CoreOutgoing {
+                    to: from.address.clone(),
+                    message: CoreMessage::Heartbeat(HeartbeatMessage::Response(response)),
+                });
             }
             HeartbeatMessage::Response(response) => {
                 self.heartbeat_responses_received += 1;

@@ -107,9 +107,9 @@ impl Gossip {
             .into_iter()
             .filter(|subject| {
                 self.reachability.observers_of(subject).iter().any(|o| {
-                    self.members
-                        .get(o)
-                        .is_some_and(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Exiting))
+                    self.members.get(o).is_some_and(|m| {
+                        !matches!(m.status, MemberStatus::Down | MemberStatus::Exiting)
+                    })
                 })
             })
             .collect()
@@ -178,9 +178,14 @@ mod tests {
 
     #[test]
     fn leader_is_first_reachable_up_member() {
-        let mut g = with_members(&[(1, MemberStatus::Joining), (2, MemberStatus::Up), (3, MemberStatus::Up)]);
+        let mut g = with_members(&[
+            (1, MemberStatus::Joining),
+            (2, MemberStatus::Up),
+            (3, MemberStatus::Up),
+        ]);
         assert_eq!(g.leader(&node(3)), Some(node(2)));
-        g.reachability.set(&node(3), &node(2), ReachabilityStatus::Unreachable);
+        g.reachability
+            .set(&node(3), &node(2), ReachabilityStatus::Unreachable);
         assert_eq!(g.leader(&node(3)), Some(node(3)));
         // The unreachable node still sees itself as reachable.
         assert_eq!(g.leader(&node(2)), Some(node(2)));
@@ -194,14 +199,23 @@ mod tests {
 
     #[test]
     fn convergence_needs_everyone_seen_and_reachable() {
-        let mut g = with_members(&[(1, MemberStatus::Up), (2, MemberStatus::Up), (3, MemberStatus::Down)]);
+        let mut g = with_members(&[
+            (1, MemberStatus::Up),
+            (2, MemberStatus::Up),
+            (3, MemberStatus::Down),
+        ]);
         g.seen.insert(node(1));
         assert!(!g.is_converged());
         g.seen.insert(node(2));
         assert!(g.is_converged(), "a Down member need not have seen");
-        g.reachability.set(&node(1), &node(3), ReachabilityStatus::Unreachable);
-        assert!(g.is_converged(), "an unreachable Down member does not block");
-        g.reachability.set(&node(1), &node(2), ReachabilityStatus::Unreachable);
+        g.reachability
+            .set(&node(1), &node(3), ReachabilityStatus::Unreachable);
+        assert!(
+            g.is_converged(),
+            "an unreachable Down member does not block"
+        );
+        g.reachability
+            .set(&node(1), &node(2), ReachabilityStatus::Unreachable);
         assert!(!g.is_converged());
     }
 
@@ -228,7 +242,8 @@ mod tests {
             .prop_map(|(entries, tomb, unreachable)| {
                 let mut g = with_members(&entries);
                 for (o, s) in unreachable {
-                    g.reachability.set(&node(o), &node(s), ReachabilityStatus::Unreachable);
+                    g.reachability
+                        .set(&node(o), &node(s), ReachabilityStatus::Unreachable);
                 }
                 g.version.increment(&node(0));
                 let tombs: BTreeSet<_> = tomb.into_iter().map(node).collect();

@@ -205,6 +205,13 @@ struct Watched {
     fd: PhiAccrualFailureDetector,
     /// When the first response is due; once passed without one, the detector starts anyway.
     first_response_due_at: Option<Instant>,
+    /// The detector was started from a synthetic first heartbeat (no answer in time). A real
+    /// answer then restarts it, so that the gap between the synthetic and the real first
+    /// heartbeat never enters the interval history (it would inflate the deviation and delay
+    /// detection for minutes).
+    synthetic_start: bool,
+    /// A new receiver is asked at the next tick rather than at the next round.
+    first_request_pending: bool,
     /// Availability last handed out by `reachability_changes` (new receivers start available).
     reported_available: bool,
 }
@@ -290,11 +297,18 @@ impl HeartbeatSender {
                 let Ok(fd) = PhiAccrualFailureDetector::new(self.config.fd.clone()) else {
                     continue;
                 };
+                // The deadline for a first answer counts from now, not from the next round,
+                // so a node that dies right after joining is detected as fast as any other.
                 self.watched.insert(
                     node.clone(),
                     Watched {
                         fd,
-                        first_response_due_at: None,
+                        first_response_due_at: Some(
+                            now.checked_add(self.config.expected_response_after)
+                                .unwrap_or(now),
+                        ),
+                        first_request_pending: true,
+                        synthetic_start: false,
                         reported_available: true,
                     },
                 );
@@ -308,30 +322,29 @@ impl HeartbeatSender {
     /// not a burst.
     pub fn tick(&mut self, now: Instant) -> Vec<(UniqueAddress, HeartbeatRequest)> {
         self.advance(now);
-        if self.next_round_at.is_some_and(|due| now < due) {
+        let round_due = self.next_round_at.is_none_or(|due| now >= due);
+        if !round_due && !self.watched.values().any(|w| w.first_request_pending) {
             return Vec::new();
         }
-        let interval = self.config.interval;
-        let next = self
-            .next_round_at
-            .and_then(|due| due.checked_add(interval))
-            .filter(|next| *next > now)
-            .or_else(|| now.checked_add(interval));
-        // `None` only if `now + interval` overflows `Instant`; then every call sends a round.
-        self.next_round_at = next;
+        if round_due {
+            let interval = self.config.interval;
+            // `None` only if `now + interval` overflows `Instant`; then every call sends a round.
+            self.next_round_at = self
+                .next_round_at
+                .and_then(|due| due.checked_add(interval))
+                .filter(|next| *next > now)
+                .or_else(|| now.checked_add(interval));
+        }
         self.sequence_nr = self.sequence_nr.wrapping_add(1);
         let request = HeartbeatRequest {
             from: self.self_node.clone(),
             sequence_nr: self.sequence_nr,
         };
-        let expected_response_after = self.config.expected_response_after;
         self.watched
             .iter_mut()
+            .filter(|(_, watched)| round_due || watched.first_request_pending)
             .map(|(node, watched)| {
-                if !watched.fd.is_monitoring() && watched.first_response_due_at.is_none() {
-                    watched.first_response_due_at =
-                        Some(now.checked_add(expected_response_after).unwrap_or(now));
-                }
+                watched.first_request_pending = false;
                 (node.clone(), request.clone())
             })
             .collect()
@@ -346,6 +359,12 @@ impl HeartbeatSender {
             return;
         }
         if let Some(watched) = self.watched.get_mut(from) {
+            if watched.synthetic_start {
+                watched.synthetic_start = false;
+                if let Ok(fresh) = PhiAccrualFailureDetector::new(self.config.fd.clone()) {
+                    watched.fd = fresh;
+                }
+            }
             watched.fd.heartbeat(now);
         }
     }
@@ -393,6 +412,7 @@ impl HeartbeatSender {
                 watched.first_response_due_at = None;
                 if !watched.fd.is_monitoring() {
                     watched.fd.heartbeat(due);
+                    watched.synthetic_start = true;
                 }
             }
         }
@@ -561,6 +581,25 @@ mod tests {
     }
 
     #[test]
+    fn new_receiver_is_asked_at_the_next_tick_not_the_next_round() {
+        let t = Instant::now();
+        let mut sender = HeartbeatSender::new(node(0), HeartbeatConfig::default()).unwrap();
+        sender.set_members(nodes(3), &BTreeSet::new(), t);
+        assert_eq!(sender.tick(t).len(), 2);
+        let later = t + Duration::from_millis(300);
+        sender.set_members(nodes(4), &BTreeSet::new(), later);
+        let requests = sender.tick(later + Duration::from_millis(100));
+        let to: Vec<_> = requests.into_iter().map(|(to, _)| to).collect();
+        assert_eq!(
+            to,
+            vec![node(3)],
+            "only the new receiver, before the round is due"
+        );
+        assert!(sender.tick(later + Duration::from_millis(200)).is_empty());
+        assert_eq!(sender.tick(t + Duration::from_secs(1)).len(), 3);
+    }
+
+    #[test]
     fn answering_receivers_stay_available() {
         let mut h = Harness::new(8);
         h.run_for(Duration::from_secs(60));
@@ -596,6 +635,37 @@ mod tests {
         // First request at 0, detector started at 1 s, acceptable pause 3 s, detected ~6.3 s.
         h.run_for(Duration::from_secs(8));
         assert_eq!(h.changes, vec![(victim, false)]);
+    }
+
+    /// When `victim` was reported unavailable, in ms from the harness start: the victim
+    /// stays silent for its first `first_silence_ms`, answers until 4.5 s, then goes silent.
+    fn detection_ms(first_silence_ms: u64) -> u128 {
+        let mut h = Harness::new(4);
+        let start = h.t;
+        let victim = h.sender.active_receivers().next().unwrap().clone();
+        h.silent.insert(victim.clone());
+        h.run_for(Duration::from_millis(first_silence_ms));
+        h.silent.clear();
+        h.run_for(Duration::from_millis(4500 - first_silence_ms));
+        h.silent.insert(victim.clone());
+        while h.changes.is_empty() && h.t < start + Duration::from_secs(20) {
+            h.run_for(Duration::from_millis(100));
+        }
+        assert_eq!(h.changes, vec![(victim, false)]);
+        (h.t - start).as_millis()
+    }
+
+    #[test]
+    fn late_first_answer_does_not_delay_detection() {
+        // Without restarting the detector on the first real answer, the synthetic start at
+        // 1 s and the real answer 10 ms later record a 10 ms interval, which inflates the
+        // deviation and delays detection by well over a second.
+        let prompt = detection_ms(0);
+        let late = detection_ms(500);
+        assert!(
+            late <= prompt + 200,
+            "late first answer detected at {late} ms, prompt one at {prompt} ms"
+        );
     }
 
     #[test]

@@ -123,7 +123,10 @@ enum JoinProgress {
         self_join_at: Option<Instant>,
     },
     /// Sent Join to `target`, waiting for Welcome.
-    Joining { target: Address, since: Instant },
+    Joining {
+        target: Address,
+        since: Instant,
+    },
     Member,
 }
 
@@ -374,7 +377,8 @@ impl Membership {
                 self.move_joining_to_weakly_up(now);
             }
         }
-        let retention_ms = u64::try_from(self.config.tombstone_retention.as_millis()).unwrap_or(u64::MAX);
+        let retention_ms =
+            u64::try_from(self.config.tombstone_retention.as_millis()).unwrap_or(u64::MAX);
         let wall = self.wall_ms(now);
         if self
             .latest
@@ -468,8 +472,10 @@ impl Membership {
             return;
         }
         let mut next = self.latest.clone();
-        next.members
-            .insert(node.clone(), Member::joining(node.clone(), roles, app_version));
+        next.members.insert(
+            node.clone(),
+            Member::joining(node.clone(), roles, app_version),
+        );
         self.commit_change(now, next);
         self.send_welcome(&node);
     }
@@ -492,7 +498,13 @@ impl Membership {
 
     // --- gossip ------------------------------------------------------------------------
 
-    fn on_gossip(&mut self, now: Instant, from: &UniqueAddress, to: &UniqueAddress, remote: Gossip) {
+    fn on_gossip(
+        &mut self,
+        now: Instant,
+        from: &UniqueAddress,
+        to: &UniqueAddress,
+        remote: Gossip,
+    ) {
         self.stats.gossip_received += 1;
         if to != &self.self_node {
             return;
@@ -767,7 +779,12 @@ impl Membership {
     }
 
     /// Moves members forward to `status`; a move backwards in the lifecycle is ignored.
-    fn change_status(&mut self, now: Instant, nodes: &BTreeSet<UniqueAddress>, status: MemberStatus) {
+    fn change_status(
+        &mut self,
+        now: Instant,
+        nodes: &BTreeSet<UniqueAddress>,
+        status: MemberStatus,
+    ) {
         if !self.is_member() {
             return;
         }
@@ -781,10 +798,9 @@ impl Membership {
                         MemberStatus::Joining | MemberStatus::WeaklyUp | MemberStatus::Up
                     ),
                     MemberStatus::WeaklyUp => member.status == MemberStatus::Joining,
-                    MemberStatus::Down => !matches!(
-                        member.status,
-                        MemberStatus::Down | MemberStatus::Removed
-                    ),
+                    MemberStatus::Down => {
+                        !matches!(member.status, MemberStatus::Down | MemberStatus::Removed)
+                    }
                     _ => false,
                 };
                 if allowed {
@@ -826,8 +842,11 @@ impl Membership {
         self.leader = new_leader;
         self.events.extend(events);
 
-        self.joining_since
-            .retain(|n, _| self.latest.member(n).is_some_and(|m| m.status == MemberStatus::Joining));
+        self.joining_since.retain(|n, _| {
+            self.latest
+                .member(n)
+                .is_some_and(|m| m.status == MemberStatus::Joining)
+        });
         for member in self.latest.members.values() {
             if member.status == MemberStatus::Joining {
                 self.joining_since

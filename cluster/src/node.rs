@@ -191,7 +191,10 @@ impl ClusterHandle {
     /// Leaves the cluster and waits until this node has left (or `timeout` passed), then
     /// stops the driver. Returns why the node stopped.
     pub async fn leave_and_stop(&self, timeout: Duration) -> Option<StopReason> {
-        let member = self.snapshot().self_status.is_some_and(|s| s != MemberStatus::Removed);
+        let member = self
+            .snapshot()
+            .self_status
+            .is_some_and(|s| s != MemberStatus::Removed);
         if member && self.stop_reason().is_none() {
             if let Err(e) = self.leave(self.self_node.address.clone()).await {
                 tracing::warn!(error = %e, "could not start leaving the cluster");
@@ -332,7 +335,8 @@ impl<T: Transport> Driver<T> {
     /// Applies a command; returns true when the driver must stop.
     fn on_command(&mut self, command: Command) -> bool {
         let now = now();
-        let reply = |tx: oneshot::Sender<Result<(), ClusterError>>, r: Result<(), MembershipError>| {
+        let reply = |tx: oneshot::Sender<Result<(), ClusterError>>,
+                     r: Result<(), MembershipError>| {
             let _ = tx.send(r.map_err(ClusterError::from));
         };
         match command {
@@ -368,7 +372,9 @@ impl<T: Transport> Driver<T> {
             };
             // A full queue is counted by the transport; gossip and heartbeats are periodic,
             // so a dropped one is replaced by the next.
-            let _ = self.transport.send(&out.to, service, Lane::Control, payload);
+            let _ = self
+                .transport
+                .send(&out.to, service, Lane::Control, payload);
         }
         let events = self.core.take_events();
         let changed = !events.is_empty();

@@ -72,7 +72,8 @@ impl Reachability {
 
     /// Forgets every row in which a removed node is observer or subject.
     pub fn remove_nodes(&mut self, nodes: &BTreeSet<UniqueAddress>) {
-        self.observers.retain(|observer, _| !nodes.contains(observer));
+        self.observers
+            .retain(|observer, _| !nodes.contains(observer));
         // Versions stay as they are: every replica drops the same rows for the same
         // tombstones, so no bump is needed to make the removal win a merge.
         for rows in self.observers.values_mut() {

@@ -93,7 +93,12 @@ impl Simulation {
 
     /// Starts a node (a new incarnation when one ran at this address before) that joins
     /// through its configured seed nodes after `start_delay`.
-    pub fn start_node(&mut self, address: Address, config: ClusterCoreConfig, start_delay: Duration) -> UniqueAddress {
+    pub fn start_node(
+        &mut self,
+        address: Address,
+        config: ClusterCoreConfig,
+        start_delay: Duration,
+    ) -> UniqueAddress {
         let uid = self.rng.random::<u64>();
         let node = UniqueAddress::new(address.clone(), uid);
         let seed = self.rng.random::<u64>();
@@ -248,7 +253,9 @@ impl Simulation {
             match self.faults.decide(address, &out.to) {
                 LinkDecision::Drop => self.messages_dropped += 1,
                 LinkDecision::Deliver { delay } => {
-                    let latency = Duration::from_millis(self.rng.random_range(self.latency_ms.0..=self.latency_ms.1));
+                    let latency = Duration::from_millis(
+                        self.rng.random_range(self.latency_ms.0..=self.latency_ms.1),
+                    );
                     self.schedule(
                         now + latency + delay,
                         Scheduled::Deliver {
@@ -287,9 +294,16 @@ impl Simulation {
         for address in &running {
             let membership = self.nodes[address].core.membership();
             let gossip = membership.gossip();
-            let members: BTreeSet<Address> = gossip.members.values().map(|m| m.address().clone()).collect();
+            let members: BTreeSet<Address> = gossip
+                .members
+                .values()
+                .map(|m| m.address().clone())
+                .collect();
             if &members != expected
-                || gossip.members.values().any(|m| m.status != MemberStatus::Up)
+                || gossip
+                    .members
+                    .values()
+                    .any(|m| m.status != MemberStatus::Up)
                 || !gossip.reachability.all_unreachable().is_empty()
                 || !gossip.is_converged()
             {
@@ -303,7 +317,11 @@ impl Simulation {
     /// Running nodes among `side` that consider themselves the leader.
     pub fn self_proclaimed_leaders(&self, side: &BTreeSet<Address>) -> Vec<Address> {
         side.iter()
-            .filter(|a| self.nodes.get(*a).is_some_and(|n| n.is_running() && n.core.membership().is_leader()))
+            .filter(|a| {
+                self.nodes
+                    .get(*a)
+                    .is_some_and(|n| n.is_running() && n.core.membership().is_leader())
+            })
             .cloned()
             .collect()
     }

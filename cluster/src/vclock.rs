@@ -100,7 +100,10 @@ mod tests {
         assert_eq!(a.compare(&b), VersionOrdering::Before);
         assert_eq!(b.compare(&a), VersionOrdering::After);
         assert_eq!(a.compare(&a.clone()), VersionOrdering::Same);
-        assert_eq!(clock(&[1]).compare(&clock(&[2])), VersionOrdering::Concurrent);
+        assert_eq!(
+            clock(&[1]).compare(&clock(&[2])),
+            VersionOrdering::Concurrent
+        );
     }
 
     proptest! {

@@ -65,7 +65,11 @@ fn form(seed: u64, n: usize, stable_after: Option<Duration>) -> (Simulation, Vec
         |s| assert_one_leader_per_side(s, &all_sides, seed),
         |s| s.all_up_and_converged(&all),
     );
-    assert!(formed, "seed {seed}: {n} nodes did not converge to Up within 30 s: {:?}", sim.view(&addresses[0]));
+    assert!(
+        formed,
+        "seed {seed}: {n} nodes did not converge to Up within 30 s: {:?}",
+        sim.view(&addresses[0])
+    );
     (sim, addresses)
 }
 
@@ -95,7 +99,10 @@ fn partition_2_3_majority_downs_minority_and_minority_downs_itself() {
         let resolved = sim.run_until(
             Duration::from_secs(60),
             |s| assert_one_leader_per_side(s, &sides, seed),
-            |s| s.all_up_and_converged(&majority) && minority.iter().all(|a| !s.node(a).is_running()),
+            |s| {
+                s.all_up_and_converged(&majority)
+                    && minority.iter().all(|a| !s.node(a).is_running())
+            },
         );
         assert!(
             resolved,
@@ -104,10 +111,17 @@ fn partition_2_3_majority_downs_minority_and_minority_downs_itself() {
             sim.view(&addresses[0])
         );
         for a in &minority {
-            assert_eq!(sim.node(a).stopped, Some(StopReason::Downed), "seed {seed}: {a} should have downed itself");
+            assert_eq!(
+                sim.node(a).stopped,
+                Some(StopReason::Downed),
+                "seed {seed}: {a} should have downed itself"
+            );
         }
         for a in &majority {
-            assert!(sim.node(a).is_running(), "seed {seed}: majority node {a} stopped");
+            assert!(
+                sim.node(a).is_running(),
+                "seed {seed}: majority node {a} stopped"
+            );
         }
     }
 }
@@ -130,12 +144,21 @@ fn one_way_partition_settles_instead_of_flapping() {
                 .iter()
                 .filter(|(at, _)| *at > settled_at)
                 .filter(|(_, e)| {
-                    matches!(e, ClusterEvent::UnreachableMember(_) | ClusterEvent::ReachableMember(_))
+                    matches!(
+                        e,
+                        ClusterEvent::UnreachableMember(_) | ClusterEvent::ReachableMember(_)
+                    )
                 })
                 .count();
-            assert_eq!(flaps, 0, "seed {seed}: {a} still sees reachability flapping after 40 s");
+            assert_eq!(
+                flaps, 0,
+                "seed {seed}: {a} still sees reachability flapping after 40 s"
+            );
         }
-        assert!(running.len() >= 3, "seed {seed}: only {running:?} survive a one-way partition of two nodes");
+        assert!(
+            running.len() >= 3,
+            "seed {seed}: only {running:?} survive a one-way partition of two nodes"
+        );
         assert!(
             sim.all_up_and_converged(&set(&running)),
             "seed {seed}: survivors {running:?} do not share one Up view: {:?}",
@@ -155,17 +178,30 @@ fn views_converge_after_a_short_partition_heals() {
             }
         }
         sim.run_for(Duration::from_secs(8), |_| {});
-        let unreachable_seen = sim
-            .view(&addresses[4])
-            .keys()
-            .any(|a| !sim.node(&addresses[4]).core.membership().gossip().reachability.is_reachable(
-                &sim.node(a).core.self_node().clone(),
-            ));
-        assert!(unreachable_seen, "seed {seed}: the partition was never detected");
+        let unreachable_seen = sim.view(&addresses[4]).keys().any(|a| {
+            !sim.node(&addresses[4])
+                .core
+                .membership()
+                .gossip()
+                .reachability
+                .is_reachable(&sim.node(a).core.self_node().clone())
+        });
+        assert!(
+            unreachable_seen,
+            "seed {seed}: the partition was never detected"
+        );
         sim.faults.heal_all();
         let all = set(&addresses);
-        let healed = sim.run_until(Duration::from_secs(30), |_| {}, |s| s.all_up_and_converged(&all));
-        assert!(healed, "seed {seed}: views did not converge after healing: {:?}", sim.view(&addresses[0]));
+        let healed = sim.run_until(
+            Duration::from_secs(30),
+            |_| {},
+            |s| s.all_up_and_converged(&all),
+        );
+        assert!(
+            healed,
+            "seed {seed}: views did not converge after healing: {:?}",
+            sim.view(&addresses[0])
+        );
     }
 }
 
@@ -174,9 +210,21 @@ fn crashed_node_is_detected_downed_and_removed() {
     for seed in seeds() {
         let (mut sim, addresses) = form(seed, 5, Some(Duration::from_secs(2)));
         sim.crash(&addresses[2]);
-        let survivors: Vec<Address> = addresses.iter().filter(|a| **a != addresses[2]).cloned().collect();
-        let removed = sim.run_until(Duration::from_secs(20), |_| {}, |s| s.all_up_and_converged(&set(&survivors)));
-        assert!(removed, "seed {seed}: crashed node not removed: {:?}", sim.view(&addresses[0]));
+        let survivors: Vec<Address> = addresses
+            .iter()
+            .filter(|a| **a != addresses[2])
+            .cloned()
+            .collect();
+        let removed = sim.run_until(
+            Duration::from_secs(20),
+            |_| {},
+            |s| s.all_up_and_converged(&set(&survivors)),
+        );
+        assert!(
+            removed,
+            "seed {seed}: crashed node not removed: {:?}",
+            sim.view(&addresses[0])
+        );
     }
 }
 
@@ -196,7 +244,12 @@ fn leaving_node_exits_and_is_removed() {
             |_| {},
             |s| s.all_up_and_converged(&rest) && s.node(&leaver).stopped == Some(StopReason::Left),
         );
-        assert!(done, "seed {seed}: leave did not complete: {:?} / leaver {:?}", sim.view(&addresses[1]), sim.node(&leaver).stopped);
+        assert!(
+            done,
+            "seed {seed}: leave did not complete: {:?} / leaver {:?}",
+            sim.view(&addresses[1]),
+            sim.node(&leaver).stopped
+        );
     }
 }
 
@@ -208,14 +261,31 @@ fn restarted_node_replaces_its_old_incarnation() {
         let old_uid = sim.node(&restarted).core.self_node().uid;
         sim.crash(&restarted);
         let seeds = [addresses[0].clone(), addresses[1].clone()];
-        let new = sim.start_node(restarted.clone(), config(&seeds, None), Duration::from_millis(500));
+        let new = sim.start_node(
+            restarted.clone(),
+            config(&seeds, None),
+            Duration::from_millis(500),
+        );
         let all = set(&addresses);
-        let rejoined = sim.run_until(Duration::from_secs(40), |_| {}, |s| {
-            s.all_up_and_converged(&all)
-                && s.node(&addresses[0]).core.membership().gossip().member_by_address(&restarted).map(|m| m.unique_address.uid)
-                    == Some(new.uid)
-        });
-        assert!(rejoined, "seed {seed}: new incarnation of {restarted} (old uid {old_uid}) did not replace the old one: {:?}", sim.view(&addresses[0]));
+        let rejoined = sim.run_until(
+            Duration::from_secs(40),
+            |_| {},
+            |s| {
+                s.all_up_and_converged(&all)
+                    && s.node(&addresses[0])
+                        .core
+                        .membership()
+                        .gossip()
+                        .member_by_address(&restarted)
+                        .map(|m| m.unique_address.uid)
+                        == Some(new.uid)
+            },
+        );
+        assert!(
+            rejoined,
+            "seed {seed}: new incarnation of {restarted} (old uid {old_uid}) did not replace the old one: {:?}",
+            sim.view(&addresses[0])
+        );
         let old_seen = sim
             .node(&addresses[0])
             .core
@@ -243,14 +313,24 @@ fn joining_member_becomes_weakly_up_while_convergence_is_blocked() {
             sim.start_node(a.clone(), config3(&seeds), Duration::ZERO);
         }
         let three = set(&addresses[..3]);
-        assert!(sim.run_until(Duration::from_secs(30), |_| {}, |s| s.all_up_and_converged(&three)));
+        assert!(sim.run_until(
+            Duration::from_secs(30),
+            |_| {},
+            |s| s.all_up_and_converged(&three)
+        ));
         // Without downing, a crashed member blocks convergence for good.
         sim.crash(&addresses[2]);
         sim.run_for(Duration::from_secs(8), |_| {});
         sim.start_node(addresses[3].clone(), config3(&seeds), Duration::ZERO);
-        let weakly_up = sim.run_until(Duration::from_secs(20), |_| {}, |s| {
-            s.view(&addresses[0]).get(&addresses[3]) == Some(&MemberStatus::WeaklyUp)
-        });
-        assert!(weakly_up, "seed {seed}: joiner not WeaklyUp: {:?}", sim.view(&addresses[0]));
+        let weakly_up = sim.run_until(
+            Duration::from_secs(20),
+            |_| {},
+            |s| s.view(&addresses[0]).get(&addresses[3]) == Some(&MemberStatus::WeaklyUp),
+        );
+        assert!(
+            weakly_up,
+            "seed {seed}: joiner not WeaklyUp: {:?}",
+            sim.view(&addresses[0])
+        );
     }
 }

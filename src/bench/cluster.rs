@@ -86,7 +86,14 @@ pub async fn run(sizes: &[u16], json: bool) -> Result<Vec<ClusterBenchRow>, Clus
     if !json {
         println!(
             "{:>5} {:>8} {:>6} {:>7} {:>10} {:>10} {:>12} {:>6}",
-            "nodes", "setting", "hb_ms", "pause_ms", "all_up_ms", "detect_ms", "fd_bound_ms", "ratio"
+            "nodes",
+            "setting",
+            "hb_ms",
+            "pause_ms",
+            "all_up_ms",
+            "detect_ms",
+            "fd_bound_ms",
+            "ratio"
         );
     }
     for &size in sizes {
@@ -124,7 +131,11 @@ fn config(setting: DetectorSetting) -> ClusterCoreConfig {
     config
 }
 
-async fn start_node(index: usize, mut config: ClusterCoreConfig, seed: Option<Address>) -> Result<BenchNode, ClusterBenchError> {
+async fn start_node(
+    index: usize,
+    mut config: ClusterCoreConfig,
+    seed: Option<Address>,
+) -> Result<BenchNode, ClusterBenchError> {
     let error = |reason: String| ClusterBenchError::Start { index, reason };
     let transport_config = TransportConfig {
         bind_address: Address::new("127.0.0.1", 0),
@@ -157,8 +168,14 @@ async fn wait_until(
     Ok(())
 }
 
-async fn run_one(size: usize, setting: DetectorSetting) -> Result<ClusterBenchRow, ClusterBenchError> {
-    progress(&format!("{size} nodes, {} detector: starting nodes", setting.label));
+async fn run_one(
+    size: usize,
+    setting: DetectorSetting,
+) -> Result<ClusterBenchRow, ClusterBenchError> {
+    progress(&format!(
+        "{size} nodes, {} detector: starting nodes",
+        setting.label
+    ));
     let started = Instant::now();
     let first = start_node(0, config(setting), None).await?;
     let seed = first.transport.local().address.clone();
@@ -193,7 +210,9 @@ async fn run_one(size: usize, setting: DetectorSetting) -> Result<ClusterBenchRo
     victim.transport.shutdown();
     let killed = Instant::now();
     wait_until("unreachability detection", size, || {
-        nodes.iter().all(|n| n.handle.snapshot().unreachable.contains(&victim_node))
+        nodes
+            .iter()
+            .all(|n| n.handle.snapshot().unreachable.contains(&victim_node))
     })
     .await?;
     let detect = killed.elapsed();
