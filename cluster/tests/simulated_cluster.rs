@@ -300,7 +300,7 @@ fn restarted_node_replaces_its_old_incarnation() {
 
 #[test]
 fn joining_member_becomes_weakly_up_while_convergence_is_blocked() {
-    let mut config3 = |seeds: &[Address]| {
+    let config3 = |seeds: &[Address]| {
         let mut c = config(seeds, None);
         c.membership.allow_weakly_up_after = Some(Duration::from_secs(3));
         c
