@@ -306,7 +306,21 @@ impl Membership {
                     self.send_join(now, address);
                 }
             }
-            MembershipMessage::InitJoinNack { .. } => {}
+            MembershipMessage::InitJoinNack { .. } => {
+                // The seed runs but is not Up yet (typically it is forming the cluster right
+                // now): ask again soon rather than a full retry interval later.
+                if let JoinProgress::Seeding {
+                    next_init_join,
+                    self_join_at,
+                } = self.join
+                {
+                    let soon = now + self.config.init_join_retry_interval / 5;
+                    self.join = JoinProgress::Seeding {
+                        next_init_join: next_init_join.min(soon),
+                        self_join_at,
+                    };
+                }
+            }
             MembershipMessage::Join {
                 node,
                 roles,
