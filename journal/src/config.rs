@@ -1,0 +1,104 @@
+//! Configuration of the RocksDB journal.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When a committed batch reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsyncPolicy {
+    /// Every batch is fsynced before its writes are acknowledged: acknowledged events survive
+    /// power loss.
+    #[default]
+    Always,
+    /// Batches are handed to the operating system but not fsynced: acknowledged events survive
+    /// a crash of the process, not of the machine.
+    Never,
+}
+
+impl std::str::FromStr for FsyncPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            other => Err(format!(
+                "unknown fsync policy {other:?}: expected always or never"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FsyncPolicy::Always => "always",
+            FsyncPolicy::Never => "never",
+        })
+    }
+}
+
+/// Configuration of a [`RocksJournal`](crate::RocksJournal).
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    /// Directory of the RocksDB database (created if missing).
+    pub path: PathBuf,
+    /// Durability of acknowledged writes.
+    pub fsync: FsyncPolicy,
+    /// Writes that may wait for the writer; a write arriving at a full queue is refused with
+    /// [`JournalError::QueueFull`](crate::JournalError::QueueFull).
+    pub write_queue_capacity: usize,
+    /// Most writes group-committed in one RocksDB batch.
+    pub max_batch_writes: usize,
+    /// Most payload bytes group-committed in one batch (a larger single write is a batch of
+    /// its own).
+    pub max_batch_bytes: usize,
+    /// Longest the writer waits for more writes before committing a group, when the previous
+    /// group was larger than what is queued (0: never wait). Trades a little latency under
+    /// concurrency for fewer fsyncs; a lone writer never waits.
+    pub group_commit_linger: Duration,
+    /// Largest single [`AtomicWrite`](crate::AtomicWrite), in payload bytes.
+    pub max_write_bytes: usize,
+    /// Events read from RocksDB per step of a replay or query.
+    pub read_chunk_events: usize,
+    /// Size of RocksDB's block cache.
+    pub block_cache_bytes: usize,
+    /// Size of each RocksDB memtable.
+    pub write_buffer_bytes: usize,
+}
+
+impl JournalConfig {
+    /// The defaults, with the database at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        JournalConfig {
+            path: path.into(),
+            fsync: FsyncPolicy::Always,
+            write_queue_capacity: 16_384,
+            max_batch_writes: 4_096,
+            max_batch_bytes: 8 * 1024 * 1024,
+            group_commit_linger: Duration::from_micros(100),
+            max_write_bytes: 64 * 1024 * 1024,
+            read_chunk_events: 1_024,
+            block_cache_bytes: 64 * 1024 * 1024,
+            write_buffer_bytes: 64 * 1024 * 1024,
+        }
+    }
+
+    /// Checks the bounds; returns a message naming the key and value at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("write_queue_capacity", self.write_queue_capacity),
+            ("max_batch_writes", self.max_batch_writes),
+            ("max_batch_bytes", self.max_batch_bytes),
+            ("max_write_bytes", self.max_write_bytes),
+            ("read_chunk_events", self.read_chunk_events),
+            ("write_buffer_bytes", self.write_buffer_bytes),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(format!("journal {key} = 0: must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! The journal's typed errors. Every message names the persistence id, sequence number or
+//! value at fault and what was expected.
+
+use crate::storage::StoreFormatError;
+
+/// What can go wrong with a journal operation.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The write does not continue the log: a gap, or a sequence number already used.
+    #[error(
+        "append to {persistence_id} must continue its log at sequence number {expected}, \
+         got {got}"
+    )]
+    SequenceMismatch {
+        persistence_id: String,
+        expected: u64,
+        got: u64,
+    },
+    /// The write's events are not consecutive.
+    #[error(
+        "events of one write to {persistence_id} must have consecutive sequence numbers: \
+         {previous} is followed by {got}"
+    )]
+    NonConsecutive {
+        persistence_id: String,
+        previous: u64,
+        got: u64,
+    },
+    /// The write has no events.
+    #[error("a write to {persistence_id} must contain at least one event")]
+    EmptyWrite { persistence_id: String },
+    /// A persistence id, writer id or tag is empty or too long.
+    #[error("invalid {what} {value:?}: {reason}")]
+    InvalidName {
+        what: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The write is larger than the journal accepts in one piece.
+    #[error(
+        "write to {persistence_id} of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes"
+    )]
+    WriteTooLarge {
+        persistence_id: String,
+        size_bytes: usize,
+        limit_bytes: usize,
+    },
+    /// The writer's queue is full: the caller should back off and retry. Nothing was written.
+    #[error("the journal's write queue is full ({capacity} writes waiting); retry later")]
+    QueueFull { capacity: usize },
+    /// A stored record failed its checksum or could not be decoded.
+    #[error("corrupt record {persistence_id}#{sequence_nr}: {detail}")]
+    Corrupt {
+        persistence_id: String,
+        sequence_nr: u64,
+        detail: String,
+    },
+    /// A stored record was written by a newer release in a format this one cannot read.
+    #[error(
+        "record {persistence_id}#{sequence_nr} has format version {found}, newer than the \
+         supported version {supported}"
+    )]
+    NewerRecordVersion {
+        persistence_id: String,
+        sequence_nr: u64,
+        found: u8,
+        supported: u8,
+    },
+    /// The store cannot be opened with this release's format.
+    #[error(transparent)]
+    StoreFormat(#[from] StoreFormatError),
+    /// The journal's own metadata is inconsistent (a bug or an altered file).
+    #[error("corrupt journal metadata: {0}")]
+    CorruptMetadata(String),
+    /// The journal configuration is invalid.
+    #[error("invalid journal configuration: {0}")]
+    InvalidConfig(String),
+    /// RocksDB reported an error.
+    #[error("storage error: {0}")]
+    Storage(String),
+    /// The journal was closed.
+    #[error("the journal is closed")]
+    Closed,
+}
+
+impl From<rocksdb::Error> for JournalError {
+    fn from(e: rocksdb::Error) -> Self {
+        JournalError::Storage(e.to_string())
+    }
+}
+
+/// Longest persistence id, writer id or tag accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+
+/// Checks a persistence id, writer id or tag.
+pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<(), JournalError> {
+    let reason = if value.is_empty() {
+        "must not be empty".to_string()
+    } else if value.len() > MAX_NAME_BYTES {
+        format!("is {} bytes, more than {MAX_NAME_BYTES}", value.len())
+    } else {
+        return Ok(());
+    };
+    Err(JournalError::InvalidName {
+        what,
+        value: value.chars().take(64).collect(),
+        reason,
+    })
+}

@@ -1,0 +1,302 @@
+//! What the journal stores: events as users hand them in ([`AtomicWrite`], [`NewEvent`]), as
+//! they come back ([`PersistentRepr`], [`EventEnvelope`]), and their encoding on disk.
+
+use crate::error::JournalError;
+use crate::storage::{self, UnsealError};
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The type of a payload and the version of that type's encoding, so that an old event can be
+/// recognised and upcast by a later release.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Manifest {
+    /// The payload's type name, e.g. `account.Deposited`. Shared: a replay hands the same
+    /// name to thousands of events.
+    pub type_name: Arc<str>,
+    /// The version of that type's encoding.
+    pub version: u32,
+}
+
+impl Manifest {
+    /// A manifest for `type_name` at `version`.
+    pub fn new(type_name: impl Into<Arc<str>>, version: u32) -> Self {
+        Manifest {
+            type_name: type_name.into(),
+            version,
+        }
+    }
+}
+
+/// One event of an [`AtomicWrite`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// Its sequence number: the log's highest plus one for the first event of a write, then
+    /// consecutive.
+    pub sequence_nr: u64,
+    /// Milliseconds since the Unix epoch at which the event was created.
+    pub timestamp_ms: u64,
+    /// The payload's type and encoding version.
+    pub manifest: Manifest,
+    /// The encoded event.
+    pub payload: Bytes,
+    /// Tags under which [`Journal::events_by_tag`](crate::Journal::events_by_tag) finds it.
+    pub tags: Vec<String>,
+}
+
+/// Events of one persistence id written all or nothing, continuing its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtomicWrite {
+    /// The log written to.
+    pub persistence_id: String,
+    /// Identifies the writer incarnation (e.g. an entity's), recorded with every event.
+    pub writer_id: String,
+    /// The events, with consecutive sequence numbers.
+    pub events: Vec<NewEvent>,
+}
+
+impl AtomicWrite {
+    /// The total payload bytes of the write.
+    pub fn payload_bytes(&self) -> usize {
+        self.events.iter().map(|e| e.payload.len()).sum()
+    }
+}
+
+/// A stored event as replay returns it. Names are shared (`Arc<str>`) between the events of
+/// a replay, and payloads are slices of shared buffers, so a replay allocates per chunk of
+/// events rather than per event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistentRepr {
+    /// The log it belongs to.
+    pub persistence_id: Arc<str>,
+    /// Its position in that log, from 1.
+    pub sequence_nr: u64,
+    /// The writer incarnation that wrote it.
+    pub writer_id: Arc<str>,
+    /// Milliseconds since the Unix epoch at which it was created.
+    pub timestamp_ms: u64,
+    /// The payload's type and encoding version.
+    pub manifest: Manifest,
+    /// The encoded event.
+    pub payload: Bytes,
+    /// Its tags.
+    pub tags: Vec<String>,
+}
+
+/// An event found by tag, with the offset to resume after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventEnvelope {
+    /// The event's position in the journal-wide order of tagged events, from 1. Passing it as
+    /// `after_offset` resumes a query right after this event.
+    pub offset: u64,
+    /// The event.
+    pub event: PersistentRepr,
+}
+
+/// The record format version this release writes and reads.
+pub const RECORD_FORMAT_VERSION: u8 = 1;
+
+/// The body of an event record on disk. The persistence id and sequence number live in the key.
+#[derive(Serialize, Deserialize)]
+struct StoredEvent<'a> {
+    /// Offset in the tag order, 0 for an untagged event; lets a physical delete find the
+    /// event's tag index entries.
+    offset: u64,
+    writer_id: &'a str,
+    timestamp_ms: u64,
+    manifest_type: &'a str,
+    manifest_version: u32,
+    tags: Vec<&'a str>,
+    payload: &'a [u8],
+}
+
+/// Encodes the sealed value of one event stored under `key`.
+pub(crate) fn encode_event(
+    key: &[u8],
+    writer_id: &str,
+    offset: u64,
+    event: &NewEvent,
+) -> Result<Vec<u8>, JournalError> {
+    let stored = StoredEvent {
+        offset,
+        writer_id,
+        timestamp_ms: event.timestamp_ms,
+        manifest_type: &event.manifest.type_name,
+        manifest_version: event.manifest.version,
+        tags: event.tags.iter().map(String::as_str).collect(),
+        payload: &event.payload,
+    };
+    let mut value = Vec::with_capacity(storage::SEAL_HEADER_LEN + 64 + event.payload.len());
+    value.resize(storage::SEAL_HEADER_LEN, 0);
+    let mut value = postcard::to_extend(&stored, value)
+        .map_err(|e| JournalError::Storage(format!("cannot encode an event: {e}")))?;
+    storage::seal_in_place(RECORD_FORMAT_VERSION, key, &mut value);
+    Ok(value)
+}
+
+/// A decoded event record with its offset.
+pub(crate) struct DecodedEvent {
+    pub offset: u64,
+    pub repr: PersistentRepr,
+}
+
+/// Payload bytes a decoder reserves at a time: payloads of a chunk of events share these
+/// buffers.
+const PAYLOAD_ARENA_BYTES: usize = 64 * 1024;
+
+/// Decodes event records, sharing names between consecutive events and packing payloads into
+/// shared buffers.
+pub(crate) struct EventDecoder {
+    writer_id: Arc<str>,
+    manifest_type: Arc<str>,
+    payloads: BytesMut,
+}
+
+impl EventDecoder {
+    pub fn new() -> Self {
+        EventDecoder {
+            writer_id: Arc::from(""),
+            manifest_type: Arc::from(""),
+            payloads: BytesMut::new(),
+        }
+    }
+
+    /// Decodes the sealed value stored under `key` for (`persistence_id`, `sequence_nr`).
+    pub fn decode(
+        &mut self,
+        persistence_id: &Arc<str>,
+        sequence_nr: u64,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<DecodedEvent, JournalError> {
+        let body = verify_event(persistence_id, sequence_nr, key, value)?;
+        self.decode_verified(persistence_id, sequence_nr, body)
+    }
+
+    /// Decodes the body of a record that [`verify_event`] accepted.
+    pub fn decode_verified(
+        &mut self,
+        persistence_id: &Arc<str>,
+        sequence_nr: u64,
+        body: &[u8],
+    ) -> Result<DecodedEvent, JournalError> {
+        let stored: StoredEvent<'_> =
+            postcard::from_bytes(body).map_err(|e| JournalError::Corrupt {
+                persistence_id: persistence_id.to_string(),
+                sequence_nr,
+                detail: format!("undecodable body: {e}"),
+            })?;
+        if self.payloads.capacity() - self.payloads.len() < stored.payload.len() {
+            self.payloads = BytesMut::with_capacity(PAYLOAD_ARENA_BYTES.max(stored.payload.len()));
+        }
+        self.payloads.extend_from_slice(stored.payload);
+        let payload = self.payloads.split().freeze();
+        Ok(DecodedEvent {
+            offset: stored.offset,
+            repr: PersistentRepr {
+                persistence_id: persistence_id.clone(),
+                sequence_nr,
+                writer_id: intern(&mut self.writer_id, stored.writer_id),
+                timestamp_ms: stored.timestamp_ms,
+                manifest: Manifest {
+                    type_name: intern(&mut self.manifest_type, stored.manifest_type),
+                    version: stored.manifest_version,
+                },
+                payload,
+                tags: stored.tags.into_iter().map(str::to_string).collect(),
+            },
+        })
+    }
+}
+
+/// Checks the format version and checksum of the sealed value stored under `key` and returns
+/// its body.
+pub(crate) fn verify_event<'v>(
+    persistence_id: &str,
+    sequence_nr: u64,
+    key: &[u8],
+    value: &'v [u8],
+) -> Result<&'v [u8], JournalError> {
+    storage::unseal(RECORD_FORMAT_VERSION, key, value)
+        .map(|(_, body)| body)
+        .map_err(|e| unseal_error(persistence_id, sequence_nr, e))
+}
+
+/// The shared copy of `name`: the previous one when it is the same.
+fn intern(slot: &mut Arc<str>, name: &str) -> Arc<str> {
+    if &**slot != name {
+        *slot = Arc::from(name);
+    }
+    slot.clone()
+}
+
+fn unseal_error(persistence_id: &str, sequence_nr: u64, e: UnsealError) -> JournalError {
+    match e {
+        UnsealError::NewerVersion { found, supported } => JournalError::NewerRecordVersion {
+            persistence_id: persistence_id.to_string(),
+            sequence_nr,
+            found,
+            supported,
+        },
+        other => JournalError::Corrupt {
+            persistence_id: persistence_id.to_string(),
+            sequence_nr,
+            detail: other.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn event(payload: Vec<u8>, tags: Vec<String>) -> NewEvent {
+        NewEvent {
+            sequence_nr: 3,
+            timestamp_ms: 1_700_000_000_000,
+            manifest: Manifest::new("account.Deposited", 2),
+            payload: Bytes::from(payload),
+            tags,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn event_record_round_trips(
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+            tags in proptest::collection::vec("[a-z]{1,8}", 0..4),
+            offset in any::<u64>(),
+        ) {
+            let e = event(payload, tags);
+            let value = encode_event(b"key", "w1", offset, &e).unwrap();
+            let decoded = EventDecoder::new().decode(&"pid".into(), 3, b"key", &value).unwrap();
+            prop_assert_eq!(decoded.offset, offset);
+            prop_assert_eq!(decoded.repr.payload, e.payload);
+            prop_assert_eq!(decoded.repr.tags, e.tags);
+            prop_assert_eq!(decoded.repr.manifest, e.manifest);
+            prop_assert_eq!(&*decoded.repr.writer_id, "w1");
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_decoder(value in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = EventDecoder::new().decode(&"pid".into(), 1, b"key", &value);
+        }
+    }
+
+    #[test]
+    fn altered_record_names_persistence_id_and_sequence_nr() {
+        let mut value = encode_event(b"key", "w", 0, &event(vec![1, 2, 3], vec![])).unwrap();
+        let last = value.len() - 1;
+        value[last] ^= 0xff;
+        let err = EventDecoder::new()
+            .decode(&"alice".into(), 3, b"key", &value)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, JournalError::Corrupt { persistence_id, sequence_nr: 3, .. } if persistence_id == "alice"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("alice"), "{err}");
+    }
+}

@@ -1,0 +1,315 @@
+//! The RocksDB journal: one database, a group-committing writer thread, and readers that
+//! iterate RocksDB on tokio's blocking pool.
+
+mod keys;
+mod reader;
+mod writer;
+
+use crate::config::JournalConfig;
+use crate::error::{JournalError, validate_name};
+use crate::journal::{Journal, JournalStream, QueryMode};
+use crate::record::{AtomicWrite, EventEnvelope, PersistentRepr};
+use crate::storage::{self, FORMAT_VERSION_KEY};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use keys::{CF_EVENTS, CF_META, CF_TAG_INDEX};
+use rocksdb::{BlockBasedOptions, ColumnFamilyDescriptor, DB, Options, SliceTransform};
+use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use tokio::sync::{oneshot, watch};
+
+/// The key of event `sequence_nr` of log number `pid_num` in the `events` column family.
+/// Public for `tessera bench journal`, whose raw-RocksDB baseline reads the same keys.
+pub fn event_key(pid_num: u64, sequence_nr: u64) -> [u8; 16] {
+    keys::pair_key(pid_num, sequence_nr)
+}
+
+/// The store format version this release writes; stores with a higher one are refused.
+pub const STORE_FORMAT_VERSION: u32 = 1;
+
+/// What the writer, the readers and the handle share.
+pub(crate) struct Shared {
+    pub db: DB,
+    pub config: JournalConfig,
+}
+
+impl Shared {
+    pub fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, JournalError> {
+        self.db
+            .cf_handle(name)
+            .ok_or_else(|| JournalError::CorruptMetadata(format!("column family {name} missing")))
+    }
+}
+
+/// RocksDB options for the journal's database and its column families. Public so that
+/// `tessera bench journal` runs its raw-RocksDB baseline with exactly the same settings.
+pub fn rocksdb_options(config: &JournalConfig) -> (Options, Vec<ColumnFamilyDescriptor>) {
+    let mut db = Options::default();
+    db.create_if_missing(true);
+    db.create_missing_column_families(true);
+    db.set_max_background_jobs(2);
+    db.set_bytes_per_sync(1024 * 1024);
+    // A torn last WAL record after a crash is the write that was never acknowledged; recovery
+    // stops there and keeps everything before it.
+    db.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
+
+    let cache = rocksdb::Cache::new_lru_cache(config.block_cache_bytes);
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(&cache);
+    table.set_bloom_filter(10.0, false);
+    table.set_cache_index_and_filter_blocks(true);
+
+    let mut events = Options::default();
+    events.set_write_buffer_size(config.write_buffer_bytes);
+    events.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    events.set_prefix_extractor(SliceTransform::create_fixed_prefix(8));
+    events.set_memtable_prefix_bloom_ratio(0.1);
+    events.set_block_based_table_factory(&table);
+
+    let mut small = Options::default();
+    small.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    small.set_block_based_table_factory(&table);
+
+    let cfs = vec![
+        ColumnFamilyDescriptor::new(CF_EVENTS, events),
+        ColumnFamilyDescriptor::new(CF_TAG_INDEX, small.clone()),
+        ColumnFamilyDescriptor::new(CF_META, small),
+    ];
+    (db, cfs)
+}
+
+/// The RocksDB event journal. Cheap to share behind an `Arc`; see [`Journal`] for the
+/// operations.
+pub struct RocksJournal {
+    shared: Arc<Shared>,
+    /// The writer's bounded queue. A std channel: the writer thread needs `recv_timeout` to
+    /// linger for a group, and async callers only ever `try_send`.
+    requests: SyncSender<writer::WriterRequest>,
+    commits: watch::Receiver<u64>,
+}
+
+impl RocksJournal {
+    /// Opens (or creates) the journal at `config.path` and starts its writer.
+    ///
+    /// A store written by a newer release is refused without changing a byte.
+    pub async fn open(config: JournalConfig) -> Result<Self, JournalError> {
+        tokio::task::spawn_blocking(move || Self::open_blocking(config))
+            .await
+            .map_err(|e| JournalError::Storage(format!("journal open task failed: {e}")))?
+    }
+
+    fn open_blocking(config: JournalConfig) -> Result<Self, JournalError> {
+        config.validate().map_err(JournalError::InvalidConfig)?;
+        std::fs::create_dir_all(&config.path).map_err(|e| {
+            JournalError::Storage(format!("cannot create {}: {e}", config.path.display()))
+        })?;
+        let existing =
+            storage::check_store_format(&config.path, "journal", CF_META, STORE_FORMAT_VERSION)?;
+        let (options, cfs) = rocksdb_options(&config);
+        let db = DB::open_cf_descriptors(&options, &config.path, cfs)?;
+        let shared = Arc::new(Shared { db, config });
+        if existing.is_none() {
+            let mut write_options = rocksdb::WriteOptions::default();
+            write_options.set_sync(true);
+            shared.db.put_cf_opt(
+                shared.cf(CF_META)?,
+                FORMAT_VERSION_KEY,
+                STORE_FORMAT_VERSION.to_be_bytes(),
+                &write_options,
+            )?;
+        }
+        let (requests, commits) = writer::start(shared.clone())?;
+        Ok(RocksJournal {
+            shared,
+            requests,
+            commits,
+        })
+    }
+
+    /// Finishes the writes queued so far, stops the writer and closes the journal. The
+    /// database files are released once every stream reading from it has been dropped too.
+    pub async fn close(self) {
+        let (reply, done) = oneshot::channel();
+        // A full queue still gets the close request in: the blocking send waits (off the async
+        // threads) for as long as the writes ahead of it take.
+        let requests = self.requests.clone();
+        let sent = tokio::task::spawn_blocking(move || {
+            requests
+                .send(writer::WriterRequest::Close { reply })
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        if sent {
+            let _ = done.await;
+        }
+    }
+
+    fn submit<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, JournalError>>) -> writer::WriterRequest,
+    ) -> BoxFuture<'static, Result<T, JournalError>> {
+        let (reply, answer) = oneshot::channel();
+        let sent = match self.requests.try_send(make(reply)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(JournalError::QueueFull {
+                capacity: self.shared.config.write_queue_capacity,
+            }),
+            Err(TrySendError::Disconnected(_)) => Err(JournalError::Closed),
+        };
+        async move {
+            sent?;
+            answer.await.map_err(|_| JournalError::Closed)?
+        }
+        .boxed()
+    }
+
+    fn live(&self, mode: QueryMode) -> Option<watch::Receiver<u64>> {
+        (mode == QueryMode::Live).then(|| self.commits.clone())
+    }
+}
+
+/// Checks what can be checked without the log's state, so that a malformed write never takes
+/// a place in the writer's queue.
+fn validate_write(write: &AtomicWrite, max_write_bytes: usize) -> Result<(), JournalError> {
+    validate_name("persistence id", &write.persistence_id)?;
+    validate_name("writer id", &write.writer_id)?;
+    let Some(first) = write.events.first() else {
+        return Err(JournalError::EmptyWrite {
+            persistence_id: write.persistence_id.clone(),
+        });
+    };
+    if first.sequence_nr == 0 {
+        return Err(JournalError::SequenceMismatch {
+            persistence_id: write.persistence_id.clone(),
+            expected: 1,
+            got: 0,
+        });
+    }
+    for pair in write.events.windows(2) {
+        if pair[0].sequence_nr.checked_add(1) != Some(pair[1].sequence_nr) {
+            return Err(JournalError::NonConsecutive {
+                persistence_id: write.persistence_id.clone(),
+                previous: pair[0].sequence_nr,
+                got: pair[1].sequence_nr,
+            });
+        }
+    }
+    for tag in write.events.iter().flat_map(|e| &e.tags) {
+        validate_name("tag", tag)?;
+    }
+    let size_bytes = write.payload_bytes();
+    if size_bytes > max_write_bytes {
+        return Err(JournalError::WriteTooLarge {
+            persistence_id: write.persistence_id.clone(),
+            size_bytes,
+            limit_bytes: max_write_bytes,
+        });
+    }
+    Ok(())
+}
+
+fn failed_stream<T: Send + 'static>(e: JournalError) -> JournalStream<T> {
+    futures::stream::once(async move { Err(e) }).boxed()
+}
+
+impl Journal for RocksJournal {
+    fn append(&self, write: AtomicWrite) -> BoxFuture<'static, Result<(), JournalError>> {
+        if let Err(e) = validate_write(&write, self.shared.config.max_write_bytes) {
+            return futures::future::ready(Err(e)).boxed();
+        }
+        self.submit(|reply| writer::WriterRequest::Append { write, reply })
+    }
+
+    fn replay(
+        &self,
+        persistence_id: &str,
+        from_sequence_nr: u64,
+        to_sequence_nr: u64,
+        max: u64,
+    ) -> JournalStream<PersistentRepr> {
+        if let Err(e) = validate_name("persistence id", persistence_id) {
+            return failed_stream(e);
+        }
+        let cursor = reader::EventCursor::new(
+            persistence_id,
+            from_sequence_nr,
+            to_sequence_nr,
+            max,
+            QueryMode::Current,
+        );
+        reader::stream(self.shared.clone(), cursor, None)
+    }
+
+    fn highest_sequence_nr(
+        &self,
+        persistence_id: &str,
+    ) -> BoxFuture<'static, Result<u64, JournalError>> {
+        if let Err(e) = validate_name("persistence id", persistence_id) {
+            return futures::future::ready(Err(e)).boxed();
+        }
+        let shared = self.shared.clone();
+        let persistence_id = persistence_id.to_string();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                Ok(reader::log_of(&shared, &persistence_id)?
+                    .map(|(_, state)| state.highest)
+                    .unwrap_or(0))
+            })
+            .await
+            .map_err(|e| JournalError::Storage(format!("reader task failed: {e}")))?
+        }
+        .boxed()
+    }
+
+    fn delete_to(
+        &self,
+        persistence_id: &str,
+        to_sequence_nr: u64,
+    ) -> BoxFuture<'static, Result<(), JournalError>> {
+        if let Err(e) = validate_name("persistence id", persistence_id) {
+            return futures::future::ready(Err(e)).boxed();
+        }
+        let persistence_id = persistence_id.to_string();
+        self.submit(|reply| writer::WriterRequest::DeleteTo {
+            persistence_id,
+            to_sequence_nr,
+            reply,
+        })
+    }
+
+    fn events_by_persistence_id(
+        &self,
+        persistence_id: &str,
+        from_sequence_nr: u64,
+        mode: QueryMode,
+    ) -> JournalStream<PersistentRepr> {
+        if let Err(e) = validate_name("persistence id", persistence_id) {
+            return failed_stream(e);
+        }
+        let cursor =
+            reader::EventCursor::new(persistence_id, from_sequence_nr, u64::MAX, u64::MAX, mode);
+        reader::stream(self.shared.clone(), cursor, self.live(mode))
+    }
+
+    fn events_by_tag(
+        &self,
+        tag: &str,
+        after_offset: u64,
+        mode: QueryMode,
+    ) -> JournalStream<EventEnvelope> {
+        if let Err(e) = validate_name("tag", tag) {
+            return failed_stream(e);
+        }
+        let cursor = reader::TagCursor::new(tag, after_offset);
+        reader::stream(self.shared.clone(), cursor, self.live(mode))
+    }
+
+    fn persistence_ids(&self, mode: QueryMode) -> JournalStream<String> {
+        reader::stream(
+            self.shared.clone(),
+            reader::PersistenceIdCursor::default(),
+            self.live(mode),
+        )
+    }
+}

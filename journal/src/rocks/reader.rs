@@ -1,0 +1,602 @@
+//! Reading the journal: point lookups of a log's number and state, and cursors that read one
+//! chunk of a replay or query at a time on tokio's blocking pool.
+//!
+//! [`stream`] turns a cursor into a stream. It reads the next chunk while the consumer works
+//! through the current one, so a long replay keeps RocksDB and the consumer busy at the same
+//! time; live streams wait on the writer's commit counter when caught up.
+
+use super::Shared;
+use super::keys::{
+    self, CF_EVENTS, CF_META, CF_TAG_INDEX, LogState, pair_key, pair_upper_bound, parse_pair,
+};
+use crate::error::JournalError;
+use crate::journal::{JournalStream, QueryMode};
+use crate::record::{self, EventDecoder, EventEnvelope, PersistentRepr};
+use futures::StreamExt;
+use futures::future::Either;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// Names a reading cursor remembers (pid number → persistence id) before starting afresh.
+const MAX_REMEMBERED_NAMES: usize = 10_000;
+
+/// The number and state of a log, `None` if it was never written.
+pub(crate) fn log_of(
+    shared: &Shared,
+    persistence_id: &str,
+) -> Result<Option<(u64, LogState)>, JournalError> {
+    let meta = shared.cf(CF_META)?;
+    let Some(value) = shared
+        .db
+        .get_pinned_cf(meta, keys::pid_key(persistence_id))?
+    else {
+        return Ok(None);
+    };
+    let pid_num = keys::decode_u64(&value).ok_or_else(|| {
+        JournalError::CorruptMetadata(format!("malformed number of log {persistence_id}"))
+    })?;
+    Ok(Some((pid_num, state_of(shared, pid_num)?)))
+}
+
+/// The state of log number `pid_num`.
+pub(crate) fn state_of(shared: &Shared, pid_num: u64) -> Result<LogState, JournalError> {
+    match shared
+        .db
+        .get_pinned_cf(shared.cf(CF_META)?, keys::state_key(pid_num))?
+    {
+        None => Ok(LogState::default()),
+        Some(value) => LogState::decode(&value).ok_or_else(|| {
+            JournalError::CorruptMetadata(format!("malformed state of log number {pid_num}"))
+        }),
+    }
+}
+
+/// The number of a tag, `None` if no event ever carried it.
+pub(crate) fn tag_num(shared: &Shared, tag: &str) -> Result<Option<u64>, JournalError> {
+    match shared
+        .db
+        .get_pinned_cf(shared.cf(CF_META)?, keys::tag_key(tag))?
+    {
+        None => Ok(None),
+        Some(value) => keys::decode_u64(&value)
+            .map(Some)
+            .ok_or_else(|| JournalError::CorruptMetadata(format!("malformed number of tag {tag}"))),
+    }
+}
+
+fn pid_name(shared: &Shared, pid_num: u64) -> Result<Arc<str>, JournalError> {
+    let value = shared
+        .db
+        .get_pinned_cf(shared.cf(CF_META)?, keys::pid_name_key(pid_num))?
+        .ok_or_else(|| {
+            JournalError::CorruptMetadata(format!("no persistence id for log number {pid_num}"))
+        })?;
+    std::str::from_utf8(&value).map(Arc::from).map_err(|_| {
+        JournalError::CorruptMetadata(format!("persistence id of log {pid_num} is not UTF-8"))
+    })
+}
+
+/// Maps a RocksDB error met while reading `persistence_id` at `sequence_nr`: RocksDB's own
+/// checksums (blocks, WAL) report altered bytes before ours can.
+fn read_error(e: rocksdb::Error, persistence_id: &str, sequence_nr: u64) -> JournalError {
+    if e.kind() == rocksdb::ErrorKind::Corruption {
+        JournalError::Corrupt {
+            persistence_id: persistence_id.to_string(),
+            sequence_nr,
+            detail: e.to_string(),
+        }
+    } else {
+        JournalError::Storage(e.to_string())
+    }
+}
+
+/// One read step of a cursor.
+pub(crate) struct Chunk<R> {
+    /// What was read, not yet decoded.
+    pub raw: R,
+    /// Nothing more is stored right now.
+    pub caught_up: bool,
+    /// The read stopped at this error after `raw`; the stream ends with it.
+    pub error: Option<JournalError>,
+}
+
+impl<R> Chunk<R> {
+    fn complete(raw: R, caught_up: bool) -> Self {
+        Chunk {
+            raw,
+            caught_up,
+            error: None,
+        }
+    }
+}
+
+/// A position in a replay or query that can read its next chunk.
+///
+/// Reading (`read_chunk`, on the blocking pool) and decoding (`decode`, in the stream's task)
+/// are separate so that a long replay verifies checksums and decodes one chunk while RocksDB
+/// reads the next on another core.
+pub(crate) trait Cursor: Send + 'static {
+    /// What a read step yields.
+    type Raw: Send + 'static;
+    /// What the stream yields.
+    type Item: Send + 'static;
+    /// State kept by the stream for decoding.
+    type Decoder: Send + 'static;
+    /// The decoder for this cursor's chunks.
+    fn decoder(&self) -> Self::Decoder;
+    /// Reads the next chunk and moves past it.
+    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<Self::Raw>, JournalError>;
+    /// Decodes a chunk: its items, up to the first that fails, and that failure.
+    fn decode(
+        decoder: &mut Self::Decoder,
+        raw: Self::Raw,
+    ) -> (Vec<Self::Item>, Option<JournalError>);
+    /// Nothing can ever follow (a bound or a maximum count was reached).
+    fn finished(&self) -> bool;
+}
+
+/// Event records of one log copied out of RocksDB, checksums verified, not yet decoded.
+pub(crate) struct RawEvents {
+    /// The records' bodies, back to back.
+    bodies: Vec<u8>,
+    /// Sequence number and end offset in `values` of each record.
+    records: Vec<(u64, usize)>,
+}
+
+/// Verifies and decodes [`RawEvents`].
+pub(crate) struct LogDecoder {
+    persistence_id: Arc<str>,
+    decoder: EventDecoder,
+}
+
+/// Events of one log, for replays and `events_by_persistence_id`.
+pub(crate) struct EventCursor {
+    persistence_id: Arc<str>,
+    pid_num: Option<u64>,
+    next_sequence_nr: u64,
+    to_sequence_nr: u64,
+    remaining: u64,
+    mode: QueryMode,
+    /// A current query ends at the highest sequence number it found first.
+    end_fixed: bool,
+}
+
+impl EventCursor {
+    pub fn new(persistence_id: &str, from: u64, to: u64, max: u64, mode: QueryMode) -> Self {
+        EventCursor {
+            persistence_id: Arc::from(persistence_id),
+            pid_num: None,
+            next_sequence_nr: from.max(1),
+            to_sequence_nr: to,
+            remaining: max,
+            mode,
+            end_fixed: false,
+        }
+    }
+
+    fn missing(&self, from: u64, to: u64) -> JournalError {
+        JournalError::Corrupt {
+            persistence_id: self.persistence_id.to_string(),
+            sequence_nr: from,
+            detail: format!("events {from}..={to} are missing although the log reaches {to}"),
+        }
+    }
+}
+
+impl Cursor for EventCursor {
+    type Raw = RawEvents;
+    type Item = PersistentRepr;
+    type Decoder = LogDecoder;
+
+    fn decoder(&self) -> LogDecoder {
+        LogDecoder {
+            persistence_id: self.persistence_id.clone(),
+            decoder: EventDecoder::new(),
+        }
+    }
+
+    fn decode(
+        decoder: &mut LogDecoder,
+        raw: RawEvents,
+    ) -> (Vec<PersistentRepr>, Option<JournalError>) {
+        let mut items = Vec::with_capacity(raw.records.len());
+        let mut start = 0;
+        for (sequence_nr, end) in raw.records {
+            let body = raw.bodies.get(start..end).unwrap_or_default();
+            start = end;
+            match decoder
+                .decoder
+                .decode_verified(&decoder.persistence_id, sequence_nr, body)
+            {
+                Ok(decoded) => items.push(decoded.repr),
+                Err(e) => return (items, Some(e)),
+            }
+        }
+        (items, None)
+    }
+
+    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<RawEvents>, JournalError> {
+        let caught_up = || {
+            Chunk::complete(
+                RawEvents {
+                    bodies: Vec::new(),
+                    records: Vec::new(),
+                },
+                true,
+            )
+        };
+        let (pid_num, state) = match self.pid_num {
+            Some(pid_num) => (pid_num, state_of(shared, pid_num)?),
+            None => match log_of(shared, &self.persistence_id)? {
+                Some((pid_num, state)) => {
+                    self.pid_num = Some(pid_num);
+                    (pid_num, state)
+                }
+                None => return Ok(caught_up()),
+            },
+        };
+        if self.mode == QueryMode::Current && !self.end_fixed {
+            self.to_sequence_nr = self.to_sequence_nr.min(state.highest);
+            self.end_fixed = true;
+        }
+        let start = self
+            .next_sequence_nr
+            .max(state.deleted_to.saturating_add(1));
+        let end = self.to_sequence_nr.min(state.highest);
+        if start > end || self.remaining == 0 {
+            self.next_sequence_nr = start;
+            return Ok(caught_up());
+        }
+        let limit = (shared.config.read_chunk_events as u64)
+            .min(self.remaining)
+            .min(end - start + 1);
+
+        let events = shared.cf(CF_EVENTS)?;
+        let mut options = rocksdb::ReadOptions::default();
+        options.set_iterate_upper_bound(pair_upper_bound(pid_num, end));
+        let mut iter = shared.db.raw_iterator_cf_opt(events, options);
+        iter.seek(pair_key(pid_num, start));
+        let mut raw = RawEvents {
+            bodies: Vec::new(),
+            records: Vec::with_capacity(limit as usize),
+        };
+        let mut expected = start;
+        while (raw.records.len() as u64) < limit {
+            let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
+                break;
+            };
+            let Some((_, sequence_nr)) = parse_pair(key) else {
+                return Err(self.missing(expected, end));
+            };
+            if sequence_nr != expected {
+                // A gap is only legitimate if a delete_to committed since the state was read.
+                let now = state_of(shared, pid_num)?;
+                if now.deleted_to < sequence_nr - 1 {
+                    return Err(self.missing(expected, sequence_nr - 1));
+                }
+            }
+            // Checksums are verified here, decoding happens in the consumer's task: the two
+            // halves of the work run on two cores.
+            match record::verify_event(&self.persistence_id, sequence_nr, key, value) {
+                Ok(body) => raw.bodies.extend_from_slice(body),
+                Err(e) => {
+                    self.remaining -= raw.records.len() as u64;
+                    self.next_sequence_nr = sequence_nr;
+                    return Ok(Chunk {
+                        raw,
+                        caught_up: true,
+                        error: Some(e),
+                    });
+                }
+            }
+            raw.records.push((sequence_nr, raw.bodies.len()));
+            expected = sequence_nr + 1;
+            iter.next();
+        }
+        let read = raw.records.len() as u64;
+        self.remaining -= read;
+        if let Err(e) = iter.status() {
+            self.next_sequence_nr = expected;
+            return Ok(Chunk {
+                raw,
+                caught_up: true,
+                error: Some(read_error(e, &self.persistence_id, expected)),
+            });
+        }
+        if read < limit && expected <= end {
+            let now = state_of(shared, pid_num)?;
+            if now.deleted_to < end {
+                return Err(self.missing(expected, end));
+            }
+            expected = end + 1;
+        }
+        self.next_sequence_nr = expected;
+        Ok(Chunk::complete(raw, expected > end))
+    }
+
+    fn finished(&self) -> bool {
+        self.remaining == 0 || self.next_sequence_nr > self.to_sequence_nr
+    }
+}
+
+/// Events carrying one tag, in offset order.
+pub(crate) struct TagCursor {
+    tag: String,
+    tag_num: Option<u64>,
+    after_offset: u64,
+    names: HashMap<u64, Arc<str>>,
+    decoder: EventDecoder,
+}
+
+impl TagCursor {
+    pub fn new(tag: &str, after_offset: u64) -> Self {
+        TagCursor {
+            tag: tag.to_string(),
+            tag_num: None,
+            after_offset,
+            names: HashMap::new(),
+            decoder: EventDecoder::new(),
+        }
+    }
+}
+
+impl Cursor for TagCursor {
+    /// Events by tag come from many logs by point lookups; they are decoded as they are read.
+    type Raw = Vec<EventEnvelope>;
+    type Item = EventEnvelope;
+    type Decoder = ();
+
+    fn decoder(&self) {}
+
+    fn decode(_: &mut (), raw: Vec<EventEnvelope>) -> (Vec<EventEnvelope>, Option<JournalError>) {
+        (raw, None)
+    }
+
+    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<Vec<EventEnvelope>>, JournalError> {
+        let tag_num = match self.tag_num {
+            Some(n) => n,
+            None => match tag_num(shared, &self.tag)? {
+                Some(n) => *self.tag_num.insert(n),
+                None => return Ok(Chunk::complete(Vec::new(), true)),
+            },
+        };
+        let limit = shared.config.read_chunk_events;
+        let mut entries = Vec::with_capacity(limit);
+        {
+            let mut options = rocksdb::ReadOptions::default();
+            options.set_iterate_upper_bound(pair_upper_bound(tag_num, u64::MAX));
+            let mut iter = shared
+                .db
+                .raw_iterator_cf_opt(shared.cf(CF_TAG_INDEX)?, options);
+            iter.seek(pair_key(tag_num, self.after_offset.saturating_add(1)));
+            while entries.len() < limit {
+                let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
+                    break;
+                };
+                let (Some((_, offset)), Some((pid_num, sequence_nr))) =
+                    (parse_pair(key), parse_pair(value))
+                else {
+                    return Err(JournalError::CorruptMetadata(format!(
+                        "malformed tag index entry of tag {}",
+                        self.tag
+                    )));
+                };
+                entries.push((offset, pid_num, sequence_nr));
+                iter.next();
+            }
+            iter.status()?;
+        }
+        if self.names.len() > MAX_REMEMBERED_NAMES {
+            self.names.clear();
+        }
+        let mut states: HashMap<u64, LogState> = HashMap::new();
+        let events = shared.cf(CF_EVENTS)?;
+        let mut items = Vec::with_capacity(entries.len());
+        for &(offset, pid_num, sequence_nr) in &entries {
+            self.after_offset = offset;
+            let deleted_to = match states.get(&pid_num) {
+                Some(state) => state.deleted_to,
+                None => {
+                    states
+                        .entry(pid_num)
+                        .or_insert(state_of(shared, pid_num)?)
+                        .deleted_to
+                }
+            };
+            if sequence_nr <= deleted_to {
+                continue;
+            }
+            let persistence_id = match self.names.get(&pid_num) {
+                Some(name) => name.clone(),
+                None => self
+                    .names
+                    .entry(pid_num)
+                    .or_insert(pid_name(shared, pid_num)?)
+                    .clone(),
+            };
+            let key = pair_key(pid_num, sequence_nr);
+            let Some(value) = shared
+                .db
+                .get_pinned_cf(events, key)
+                .map_err(|e| read_error(e, &persistence_id, sequence_nr))?
+            else {
+                // Deleted physically after the index was read.
+                continue;
+            };
+            match self
+                .decoder
+                .decode(&persistence_id, sequence_nr, &key, &value)
+            {
+                Ok(decoded) => items.push(EventEnvelope {
+                    offset,
+                    event: decoded.repr,
+                }),
+                Err(e) => {
+                    return Ok(Chunk {
+                        raw: items,
+                        caught_up: true,
+                        error: Some(e),
+                    });
+                }
+            }
+        }
+        Ok(Chunk::complete(items, entries.len() < limit))
+    }
+
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
+/// Persistence ids in the order of their first write.
+#[derive(Default)]
+pub(crate) struct PersistenceIdCursor {
+    after_pid_num: u64,
+}
+
+impl Cursor for PersistenceIdCursor {
+    type Raw = Vec<String>;
+    type Item = String;
+    type Decoder = ();
+
+    fn decoder(&self) {}
+
+    fn decode(_: &mut (), raw: Vec<String>) -> (Vec<String>, Option<JournalError>) {
+        (raw, None)
+    }
+
+    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<Vec<String>>, JournalError> {
+        let limit = shared.config.read_chunk_events;
+        let mut options = rocksdb::ReadOptions::default();
+        options.set_iterate_upper_bound(keys::pid_name_upper_bound());
+        let mut iter = shared.db.raw_iterator_cf_opt(shared.cf(CF_META)?, options);
+        iter.seek(keys::pid_name_key(self.after_pid_num.saturating_add(1)));
+        let mut items = Vec::new();
+        while items.len() < limit {
+            let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
+                break;
+            };
+            let pid_num = keys::parse_pid_name_key(key).ok_or_else(|| {
+                JournalError::CorruptMetadata("malformed persistence-id record".into())
+            })?;
+            let name = String::from_utf8(value.to_vec()).map_err(|_| {
+                JournalError::CorruptMetadata(format!(
+                    "persistence id of log {pid_num} is not UTF-8"
+                ))
+            })?;
+            items.push(name);
+            self.after_pid_num = pid_num;
+            iter.next();
+        }
+        iter.status()?;
+        let caught_up = items.len() < limit;
+        Ok(Chunk::complete(items, caught_up))
+    }
+
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
+/// A cursor coming back from the blocking pool with what it read.
+type ChunkRead<C> = (C, Result<Chunk<<C as Cursor>::Raw>, JournalError>);
+
+/// What a stream does next.
+enum Step<C: Cursor> {
+    Read(C),
+    Reading(tokio::task::JoinHandle<ChunkRead<C>>),
+    /// Caught up in a live query: wait for the next commit.
+    AwaitCommit(C),
+    Done,
+}
+
+struct StreamState<C: Cursor> {
+    shared: Arc<Shared>,
+    decoder: C::Decoder,
+    /// `Some` for a live query.
+    commits: Option<watch::Receiver<u64>>,
+    step: Step<C>,
+}
+
+impl<C: Cursor> StreamState<C> {
+    /// Starts reading the cursor's next chunk. The commit counter is marked seen first, so a
+    /// commit that lands while the chunk is read wakes the stream afterwards.
+    fn read(&mut self, mut cursor: C) -> Step<C> {
+        if let Some(commits) = &mut self.commits {
+            commits.borrow_and_update();
+        }
+        let shared = self.shared.clone();
+        Step::Reading(tokio::task::spawn_blocking(move || {
+            let chunk = cursor.read_chunk(&shared);
+            (cursor, chunk)
+        }))
+    }
+}
+
+/// The stream of a cursor: current (`commits` is `None`) or live.
+pub(crate) fn stream<C: Cursor>(
+    shared: Arc<Shared>,
+    cursor: C,
+    commits: Option<watch::Receiver<u64>>,
+) -> JournalStream<C::Item> {
+    let state = StreamState {
+        shared,
+        decoder: cursor.decoder(),
+        commits,
+        step: Step::Read(cursor),
+    };
+    futures::stream::unfold(state, |mut state| async move {
+        loop {
+            match std::mem::replace(&mut state.step, Step::Done) {
+                Step::Done => return None,
+                Step::Read(cursor) => state.step = state.read(cursor),
+                Step::AwaitCommit(cursor) => {
+                    let commits = state.commits.as_mut()?;
+                    // An error means the writer stopped: the journal was closed.
+                    commits.changed().await.ok()?;
+                    state.step = Step::Read(cursor);
+                }
+                Step::Reading(reading) => {
+                    let (cursor, chunk) = match reading.await {
+                        Ok(done) => done,
+                        Err(e) => {
+                            let e = JournalError::Storage(format!("journal reader failed: {e}"));
+                            return Some((Err(e), state));
+                        }
+                    };
+                    let chunk = match chunk {
+                        Ok(chunk) => chunk,
+                        Err(e) => return Some((Err(e), state)),
+                    };
+                    // Start reading the next chunk before decoding this one.
+                    state.step = if chunk.error.is_some() || cursor.finished() {
+                        Step::Done
+                    } else if !chunk.caught_up {
+                        state.read(cursor)
+                    } else if state.commits.is_some() {
+                        Step::AwaitCommit(cursor)
+                    } else {
+                        Step::Done
+                    };
+                    let (items, decode_error) = C::decode(&mut state.decoder, chunk.raw);
+                    // A record that fails to decode comes before anything the read stopped at.
+                    let error = decode_error.or(chunk.error);
+                    if error.is_some() {
+                        state.step = Step::Done;
+                    }
+                    if !items.is_empty() || error.is_some() {
+                        return Some((Ok((items, error)), state));
+                    }
+                }
+            }
+        }
+    })
+    .flat_map(|chunk| match chunk {
+        Ok((items, error)) => Either::Left(futures::stream::iter(
+            items.into_iter().map(Ok).chain(error.map(Err)),
+        )),
+        Err(e) => Either::Right(futures::stream::once(async move { Err(e) })),
+    })
+    .boxed()
+}

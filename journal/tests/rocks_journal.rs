@@ -1,0 +1,597 @@
+//! Behaviour of the RocksDB journal: appends, replay, deletes, queries, live queries,
+//! reopening, and the typed errors for bad input and altered or newer data.
+
+mod common;
+
+use common::{collect, config, event, open, write};
+use futures::StreamExt;
+use std::time::Duration;
+use tessera_journal::{
+    AtomicWrite, Journal, JournalError, QueryMode, RocksJournal, event_key, storage,
+};
+
+fn seqs(events: &[tessera_journal::PersistentRepr]) -> Vec<u64> {
+    events.iter().map(|e| e.sequence_nr).collect()
+}
+
+#[tokio::test]
+async fn appended_events_replay_in_order_with_their_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 3)).await.unwrap();
+    journal.append(write("a", 4, 20)).await.unwrap();
+    journal.append(write("b", 1, 1)).await.unwrap();
+
+    let events = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&events), (1..=20).collect::<Vec<_>>());
+    let e = &events[4];
+    assert_eq!(&*e.persistence_id, "a");
+    assert_eq!(&e.payload[..], b"a-5");
+    assert_eq!(&*e.writer_id, "writer-1");
+    assert_eq!(e.timestamp_ms, 1_700_000_000_005);
+    assert_eq!(&*e.manifest.type_name, "test.Event");
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 20);
+    assert_eq!(journal.highest_sequence_nr("b").await.unwrap(), 1);
+    assert_eq!(journal.highest_sequence_nr("nobody").await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn replay_honours_range_and_maximum() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 30)).await.unwrap();
+    let ranged = collect(journal.replay("a", 5, 17, u64::MAX)).await.unwrap();
+    assert_eq!(seqs(&ranged), (5..=17).collect::<Vec<_>>());
+    let capped = collect(journal.replay("a", 5, 17, 9)).await.unwrap();
+    assert_eq!(seqs(&capped), (5..=13).collect::<Vec<_>>());
+    assert!(
+        collect(journal.replay("a", 5, 17, 0))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        collect(journal.replay("a", 31, 40, 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        collect(journal.replay("zz", 1, 40, 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn wrong_sequence_numbers_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 3)).await.unwrap();
+
+    let gap = journal.append(write("a", 5, 6)).await.unwrap_err();
+    assert!(
+        matches!(
+            &gap,
+            JournalError::SequenceMismatch {
+                expected: 4,
+                got: 5,
+                ..
+            }
+        ),
+        "{gap:?}"
+    );
+    assert!(gap.to_string().contains("a"), "{gap}");
+    let reused = journal.append(write("a", 3, 4)).await.unwrap_err();
+    assert!(matches!(
+        reused,
+        JournalError::SequenceMismatch {
+            expected: 4,
+            got: 3,
+            ..
+        }
+    ));
+    let fresh = journal.append(write("new", 2, 2)).await.unwrap_err();
+    assert!(matches!(
+        fresh,
+        JournalError::SequenceMismatch {
+            expected: 1,
+            got: 2,
+            ..
+        }
+    ));
+
+    let mut non_consecutive = write("a", 4, 5);
+    non_consecutive.events[1].sequence_nr = 7;
+    assert!(matches!(
+        journal.append(non_consecutive).await.unwrap_err(),
+        JournalError::NonConsecutive {
+            previous: 4,
+            got: 7,
+            ..
+        }
+    ));
+    let empty = AtomicWrite {
+        events: vec![],
+        ..write("a", 1, 1)
+    };
+    assert!(matches!(
+        journal.append(empty).await.unwrap_err(),
+        JournalError::EmptyWrite { .. }
+    ));
+    assert!(matches!(
+        journal.append(write("", 1, 1)).await.unwrap_err(),
+        JournalError::InvalidName {
+            what: "persistence id",
+            ..
+        }
+    ));
+
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 3);
+    assert_eq!(journal.highest_sequence_nr("new").await.unwrap(), 0);
+    let events = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&events), vec![1, 2, 3]);
+    let ids = collect(journal.persistence_ids(QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(ids, vec!["a"]);
+    // The log continues where it was.
+    journal.append(write("a", 4, 4)).await.unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_writes_to_one_log_commit_exactly_one_per_sequence_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = std::sync::Arc::new(open(dir.path()).await);
+    // 50 writers race for sequence number 1..: exactly one wins each round.
+    let mut wins = 0;
+    for seq in 1..=20u64 {
+        let attempts: Vec<_> = (0..50)
+            .map(|_| journal.append(write("race", seq, seq)))
+            .collect();
+        let results = futures::future::join_all(attempts).await;
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 1, "round {seq}: {results:?}");
+        wins += ok;
+    }
+    assert_eq!(wins, 20);
+    assert_eq!(journal.highest_sequence_nr("race").await.unwrap(), 20);
+}
+
+#[tokio::test]
+async fn delete_to_hides_events_and_keeps_the_highest_sequence_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 40)).await.unwrap();
+    journal.delete_to("a", 25).await.unwrap();
+    let events = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&events), (26..=40).collect::<Vec<_>>());
+
+    // Beyond the highest: capped, and the highest stays.
+    journal.delete_to("a", 1_000).await.unwrap();
+    assert!(
+        collect(journal.replay("a", 1, u64::MAX, u64::MAX))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 40);
+    // Deleting less than before, or an unknown log, is a no-op.
+    journal.delete_to("a", 3).await.unwrap();
+    journal.delete_to("nobody", 3).await.unwrap();
+    // The log continues after the highest, not after the deleted ones.
+    assert!(matches!(
+        journal.append(write("a", 1, 1)).await.unwrap_err(),
+        JournalError::SequenceMismatch { expected: 41, .. }
+    ));
+    journal.append(write("a", 41, 42)).await.unwrap();
+    journal.close().await;
+
+    let journal = open(dir.path()).await;
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 42);
+    let events = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&events), vec![41, 42]);
+}
+
+#[tokio::test]
+async fn delete_to_removes_events_and_tag_entries_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    let tagged = AtomicWrite {
+        persistence_id: "a".into(),
+        writer_id: "w".into(),
+        events: (1..=30).map(|s| event(s, "x", &["green"])).collect(),
+    };
+    journal.append(tagged).await.unwrap();
+    journal.delete_to("a", 20).await.unwrap();
+    // Physical deletion runs between groups and is finished by close; then look at the raw
+    // database.
+    journal.close().await;
+
+    let path = config(dir.path()).path;
+    {
+        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+        let db =
+            rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), &path, &cfs, false)
+                .unwrap();
+        let events = db.cf_handle("events").unwrap();
+        let stored = db.iterator_cf(events, rocksdb::IteratorMode::Start).count();
+        assert_eq!(stored, 10, "only events 21..=30 remain on disk");
+        let index = db.cf_handle("tag_index").unwrap();
+        let entries = db.iterator_cf(index, rocksdb::IteratorMode::Start).count();
+        assert_eq!(entries, 10, "only their tag entries remain");
+    }
+    let journal = open(dir.path()).await;
+    let green = collect(journal.events_by_tag("green", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    let green: Vec<u64> = green.iter().map(|e| e.event.sequence_nr).collect();
+    assert_eq!(green, (21..=30).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn events_by_tag_are_in_commit_order_and_resume_after_an_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    let tagged = |pid: &str, seq: u64, tags: &[&str]| AtomicWrite {
+        persistence_id: pid.into(),
+        writer_id: "w".into(),
+        events: vec![event(seq, &format!("{pid}{seq}"), tags)],
+    };
+    journal.append(tagged("a", 1, &["red"])).await.unwrap();
+    journal.append(tagged("b", 1, &["blue"])).await.unwrap();
+    journal
+        .append(tagged("b", 2, &["red", "blue"]))
+        .await
+        .unwrap();
+    journal.append(tagged("a", 2, &[])).await.unwrap();
+    for i in 3..=20 {
+        journal.append(tagged("a", i, &["red"])).await.unwrap();
+    }
+    let red = collect(journal.events_by_tag("red", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    let order: Vec<(String, u64)> = red
+        .iter()
+        .map(|e| (e.event.persistence_id.to_string(), e.event.sequence_nr))
+        .collect();
+    assert_eq!(
+        order[..3],
+        [("a".into(), 1), ("b".into(), 2), ("a".into(), 3)]
+    );
+    assert_eq!(order.len(), 20);
+    assert!(red.windows(2).all(|w| w[0].offset < w[1].offset));
+
+    let resumed = collect(journal.events_by_tag("red", red[1].offset, QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(resumed, red[2..].to_vec());
+    assert!(
+        collect(journal.events_by_tag("nothing", 0, QueryMode::Current))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn persistence_ids_list_every_log_in_first_write_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    let names: Vec<String> = (0..20).map(|i| format!("log-{}", 19 - i)).collect();
+    for name in &names {
+        journal.append(write(name, 1, 1)).await.unwrap();
+    }
+    journal.delete_to(&names[0], 1).await.unwrap();
+    let ids = collect(journal.persistence_ids(QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(ids, names);
+}
+
+async fn next<T>(stream: &mut tessera_journal::JournalStream<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("live query delivers within 10 s")
+        .expect("stream open")
+        .expect("no error")
+}
+
+#[tokio::test]
+async fn live_queries_stream_events_committed_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 2)).await.unwrap();
+    let mut by_pid = journal.events_by_persistence_id("a", 2, QueryMode::Live);
+    let mut by_tag = journal.events_by_tag("t", 0, QueryMode::Live);
+    let mut ids = journal.persistence_ids(QueryMode::Live);
+    let e: tessera_journal::PersistentRepr = next(&mut by_pid).await;
+    assert_eq!(e.sequence_nr, 2);
+    assert_eq!(next(&mut ids).await, "a");
+
+    journal.append(write("a", 3, 3)).await.unwrap();
+    journal
+        .append(AtomicWrite {
+            persistence_id: "b".into(),
+            writer_id: "w".into(),
+            events: vec![event(1, "tagged", &["t"])],
+        })
+        .await
+        .unwrap();
+    let e: tessera_journal::PersistentRepr = next(&mut by_pid).await;
+    assert_eq!(e.sequence_nr, 3);
+    let tagged: tessera_journal::EventEnvelope = next(&mut by_tag).await;
+    assert_eq!(&*tagged.event.persistence_id, "b");
+    assert_eq!(next(&mut ids).await, "b");
+
+    // Closing the journal ends live streams.
+    journal.close().await;
+    let end = tokio::time::timeout(Duration::from_secs(10), by_pid.next())
+        .await
+        .unwrap();
+    assert!(end.is_none());
+}
+
+#[tokio::test]
+async fn events_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 5)).await.unwrap();
+    journal
+        .append(AtomicWrite {
+            persistence_id: "b".into(),
+            writer_id: "w".into(),
+            events: vec![event(1, "x", &["t"])],
+        })
+        .await
+        .unwrap();
+    journal.close().await;
+    let journal = open(dir.path()).await;
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 5);
+    journal.append(write("a", 6, 6)).await.unwrap();
+    // New pids, tags and offsets continue after the old ones.
+    journal
+        .append(AtomicWrite {
+            persistence_id: "c".into(),
+            writer_id: "w".into(),
+            events: vec![event(1, "y", &["t"])],
+        })
+        .await
+        .unwrap();
+    let tagged = collect(journal.events_by_tag("t", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(tagged.len(), 2);
+    assert!(tagged[0].offset < tagged[1].offset);
+    let ids = collect(journal.persistence_ids(QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(ids, vec!["a", "b", "c"]);
+}
+
+#[tokio::test]
+async fn a_full_write_queue_refuses_writes_without_writing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.write_queue_capacity = 1;
+    cfg.fsync = tessera_journal::FsyncPolicy::Always;
+    let journal = RocksJournal::open(cfg).await.unwrap();
+    let pending: Vec<_> = (0..500)
+        .map(|i| journal.append(write(&format!("p{i}"), 1, 1)))
+        .collect();
+    let results = futures::future::join_all(pending).await;
+    let mut full = 0;
+    for (i, result) in results.iter().enumerate() {
+        let highest = journal.highest_sequence_nr(&format!("p{i}")).await.unwrap();
+        match result {
+            Ok(()) => assert_eq!(highest, 1),
+            Err(JournalError::QueueFull { capacity: 1 }) => {
+                full += 1;
+                assert_eq!(highest, 0, "a refused write left nothing behind");
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(
+        full > 0,
+        "500 writes into a queue of one: some must be refused"
+    );
+}
+
+#[tokio::test]
+async fn a_record_altered_in_place_is_reported_with_its_id_and_sequence_nr() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("alice", 1, 5)).await.unwrap();
+    journal.close().await;
+
+    let path = config(dir.path()).path;
+    let original = {
+        // Flip one payload bit of event 3 (pid number 1) with raw RocksDB.
+        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let events = db.cf_handle("events").unwrap();
+        let key = event_key(1, 3);
+        let original = db.get_cf(events, key).unwrap().expect("event 3 stored");
+        let mut altered = original.clone();
+        let last = altered.len() - 1;
+        altered[last] ^= 0x01;
+        db.put_cf(events, key, altered).unwrap();
+        original
+    };
+
+    let journal = open(dir.path()).await;
+    let mut replay = journal.replay("alice", 1, u64::MAX, u64::MAX);
+    let mut ok = Vec::new();
+    let error = loop {
+        match replay.next().await {
+            Some(Ok(e)) => ok.push(e.sequence_nr),
+            Some(Err(e)) => break e,
+            None => panic!("replay of an altered record must fail"),
+        }
+    };
+    assert_eq!(ok, vec![1, 2]);
+    assert!(
+        matches!(&error, JournalError::Corrupt { persistence_id, sequence_nr: 3, .. } if persistence_id == "alice"),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("alice#3"), "{error}");
+    assert!(replay.next().await.is_none(), "an error ends the stream");
+    // Nothing was changed: the altered bytes are still there, the log is intact otherwise.
+    assert_eq!(journal.highest_sequence_nr("alice").await.unwrap(), 5);
+    journal.close().await;
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+    let db = rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), &path, &cfs, false)
+        .unwrap();
+    let stored = db
+        .get_cf(db.cf_handle("events").unwrap(), event_key(1, 3))
+        .unwrap()
+        .unwrap();
+    assert_ne!(stored, original);
+    assert_eq!(stored.len(), original.len());
+}
+
+#[tokio::test]
+async fn bytes_altered_in_a_table_file_are_reported_as_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    for seq in 1..=200 {
+        journal.append(write("bob", seq, seq)).await.unwrap();
+    }
+    journal.close().await;
+    let path = config(dir.path()).path;
+    {
+        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        db.flush_cf(db.cf_handle("events").unwrap()).unwrap();
+    }
+    // The events table is the largest .sst file; its data blocks come first.
+    let sst = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sst"))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .expect("a table file");
+    let mut bytes = std::fs::read(&sst).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&sst, &bytes).unwrap();
+
+    let journal = open(dir.path()).await;
+    let result = collect(journal.replay("bob", 1, u64::MAX, u64::MAX)).await;
+    let error = result.expect_err("altered table bytes must not replay");
+    assert!(
+        matches!(&error, JournalError::Corrupt { persistence_id, .. } if persistence_id == "bob"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_record_of_a_newer_format_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("carol", 1, 2)).await.unwrap();
+    journal.close().await;
+    let path = config(dir.path()).path;
+    {
+        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let key = event_key(1, 2);
+        db.put_cf(
+            db.cf_handle("events").unwrap(),
+            key,
+            storage::seal(9, &key, b"from the future"),
+        )
+        .unwrap();
+    }
+    let journal = open(dir.path()).await;
+    let error = collect(journal.replay("carol", 1, 2, 10))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            JournalError::NewerRecordVersion {
+                sequence_nr: 2,
+                found: 9,
+                supported: 1,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_of_a_newer_format_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 3)).await.unwrap();
+    journal.close().await;
+    let path = config(dir.path()).path;
+    {
+        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        db.put_cf(
+            db.cf_handle("meta").unwrap(),
+            storage::FORMAT_VERSION_KEY,
+            2u32.to_be_bytes(),
+        )
+        .unwrap();
+        db.flush_cf(db.cf_handle("meta").unwrap()).unwrap();
+    }
+    let listing = |p: &std::path::Path| {
+        let mut files: Vec<(String, u64)> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                )
+            })
+            .filter(|(name, _)| !name.starts_with("LOG"))
+            .collect();
+        files.sort();
+        files
+    };
+    let before = listing(&path);
+    let error = RocksJournal::open(config(dir.path()))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(
+            &error,
+            JournalError::StoreFormat(storage::StoreFormatError::Newer {
+                found: 2,
+                supported: 1,
+                ..
+            })
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("newer"), "{error}");
+    assert_eq!(
+        listing(&path),
+        before,
+        "the refused store's files are unchanged"
+    );
+}
+
+#[tokio::test]
+async fn invalid_configuration_is_refused_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.max_batch_writes = 0;
+    let error = RocksJournal::open(cfg).await.err().unwrap();
+    assert!(error.to_string().contains("max_batch_writes"), "{error}");
+}
