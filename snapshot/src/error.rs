@@ -1,0 +1,59 @@
+//! The snapshot store's typed errors.
+
+use tessera_journal::storage::StoreFormatError;
+
+/// What can go wrong with a snapshot operation.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// A persistence id is empty or too long.
+    #[error("invalid persistence id {value:?}: {reason}")]
+    InvalidPersistenceId { value: String, reason: String },
+    /// A stored snapshot failed its checksum or could not be decoded.
+    #[error("corrupt snapshot {persistence_id}#{sequence_nr}: {detail}")]
+    Corrupt {
+        persistence_id: String,
+        sequence_nr: u64,
+        detail: String,
+    },
+    /// A stored snapshot was written by a newer release in a format this one cannot read.
+    #[error(
+        "snapshot {persistence_id}#{sequence_nr} has format version {found}, newer than the \
+         supported version {supported}"
+    )]
+    NewerRecordVersion {
+        persistence_id: String,
+        sequence_nr: u64,
+        found: u8,
+        supported: u8,
+    },
+    /// The store cannot be opened with this release's format.
+    #[error(transparent)]
+    StoreFormat(#[from] StoreFormatError),
+    /// RocksDB reported an error.
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+impl From<rocksdb::Error> for SnapshotError {
+    fn from(e: rocksdb::Error) -> Self {
+        SnapshotError::Storage(e.to_string())
+    }
+}
+
+pub(crate) fn validate_persistence_id(value: &str) -> Result<(), SnapshotError> {
+    let reason = if value.is_empty() {
+        "must not be empty".to_string()
+    } else if value.len() > tessera_journal::MAX_NAME_BYTES {
+        format!(
+            "is {} bytes, more than {}",
+            value.len(),
+            tessera_journal::MAX_NAME_BYTES
+        )
+    } else {
+        return Ok(());
+    };
+    Err(SnapshotError::InvalidPersistenceId {
+        value: value.chars().take(64).collect(),
+        reason,
+    })
+}
