@@ -201,9 +201,13 @@ pub struct BenchJournalArgs {
     /// Print results as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// A short run for CI and smoke tests.
+    /// A tenth of the data and one-second phases, for a quick look.
     #[arg(long)]
     pub quick: bool,
+    /// Directory for the benchmark's databases (created, then removed) [default: a fresh
+    /// directory in the system temp dir]. Put it on the disk you want to measure.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -59,9 +59,23 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Bench(BenchCommand::Journal(_)) => {
-            eprintln!("error: the journal benchmark is not part of this build");
-            ExitCode::FAILURE
+        Command::Bench(BenchCommand::Journal(args)) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            let dir = args.dir.unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("tessera-bench-journal-{}", std::process::id()))
+            });
+            let params = if args.quick {
+                tessera::bench::journal::JournalBenchParams::quick(dir)
+            } else {
+                tessera::bench::journal::JournalBenchParams::full(dir)
+            };
+            match tessera::bench::journal::run(params, args.json).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: bench journal failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }
