@@ -1,0 +1,18 @@
+//! tessera-ddata: the replicated data types of Distributed Data, as in Akka Distributed Data.
+//!
+//! Every type here is a conflict-free replicated data type ([`ReplicatedData`]): replicas
+//! update their own copy without coordination and converge by merging copies in any order.
+//! Most also record the changes since they were last shipped ([`DeltaReplicatedData`]), so the
+//! Replicator can send small deltas between full-state gossip rounds, and the ones that record
+//! node ids can fold a removed node's entries into another node's ([`RemovedNodePruning`]).
+//!
+//! The types are plain data: they read no clock (timestamps are passed in), do no IO and never
+//! panic on input decoded from elsewhere; [`codec`] gives them a versioned encoding. The
+//! Replicator that stores and spreads them is built on top of these types.
+
+pub mod codec;
+pub mod crdt;
+pub mod version_vector;
+
+pub use crdt::{DeltaReplicatedData, Element, RemovedNodePruning, ReplicatedData};
+pub use version_vector::{VersionOrdering, VersionVector};
