@@ -12,7 +12,11 @@
 
 pub mod codec;
 pub mod crdt;
+pub mod g_counter;
+pub mod pn_counter;
 pub mod version_vector;
 
 pub use crdt::{DeltaReplicatedData, Element, RemovedNodePruning, ReplicatedData};
+pub use g_counter::GCounter;
+pub use pn_counter::PNCounter;
 pub use version_vector::{VersionOrdering, VersionVector};
