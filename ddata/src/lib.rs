@@ -9,14 +9,25 @@
 //! The types are plain data: they read no clock (timestamps are passed in), do no IO and never
 //! panic on input decoded from elsewhere; [`codec`] gives them a versioned encoding. The
 //! Replicator that stores and spreads them is built on top of these types.
+//!
+//! A delta is a small state of the same type (delta-state CRDTs, Almeida et al.), so deltas
+//! combine and apply by merge. The observed-remove types share one design: values live under
+//! dots (node, counter), and a causal context of every dot seen tells a remove apart from a
+//! write not yet seen.
 
 pub mod codec;
 pub mod crdt;
+mod dot_context;
+mod dot_kernel;
 pub mod g_counter;
+pub mod g_set;
+pub mod or_set;
 pub mod pn_counter;
 pub mod version_vector;
 
 pub use crdt::{DeltaReplicatedData, Element, RemovedNodePruning, ReplicatedData};
 pub use g_counter::GCounter;
+pub use g_set::GSet;
+pub use or_set::ORSet;
 pub use pn_counter::PNCounter;
 pub use version_vector::{VersionOrdering, VersionVector};

@@ -95,6 +95,19 @@ impl VersionVector {
     pub fn entries(&self) -> impl Iterator<Item = (&UniqueAddress, u64)> {
         self.versions.iter().map(|(node, &version)| (node, version))
     }
+
+    /// Raises `node`'s entry to `version` (never lowers it). Used by the causal context, which
+    /// advances the contiguous prefix without going through `increment`.
+    pub(crate) fn raise_to(&mut self, node: &UniqueAddress, version: u64) {
+        if version > self.version_at(node) {
+            self.versions.insert(node.clone(), version);
+        }
+    }
+
+    /// Drops `node`'s entry.
+    pub(crate) fn remove(&mut self, node: &UniqueAddress) -> Option<u64> {
+        self.versions.remove(node)
+    }
 }
 
 /// The pointwise maximum of two per-node counter maps: the join shared by version vectors and
