@@ -16,9 +16,11 @@
 //! a causal context of every dot seen tells a remove apart from a write not yet seen.
 
 pub mod codec;
+pub mod consistency;
 pub mod crdt;
 mod dot_context;
 mod dot_kernel;
+pub mod envelope;
 pub mod flag;
 pub mod g_counter;
 pub mod g_set;
@@ -29,9 +31,14 @@ pub mod or_multi_map;
 pub mod or_set;
 pub mod pn_counter;
 pub mod pn_counter_map;
+pub mod replicator;
+pub mod sim;
+pub mod value;
 pub mod version_vector;
 
+pub use consistency::{ReadConsistency, WriteConsistency};
 pub use crdt::{DeltaReplicatedData, Element, RemovedNodePruning, ReplicatedData};
+pub use envelope::{DataEnvelope, PruningState};
 pub use flag::Flag;
 pub use g_counter::GCounter;
 pub use g_set::GSet;
@@ -42,4 +49,5 @@ pub use or_multi_map::ORMultiMap;
 pub use or_set::ORSet;
 pub use pn_counter::PNCounter;
 pub use pn_counter_map::PNCounterMap;
+pub use value::{KindMismatch, ReplicatedValue, ValueKind};
 pub use version_vector::{VersionOrdering, VersionVector};

@@ -1,0 +1,123 @@
+//! Read and write consistency levels, and how many replicas each needs.
+
+use serde::{Deserialize, Serialize};
+
+/// How many replicas a read consults, this node included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadConsistency {
+    /// This node's replica only.
+    Local,
+    /// `n` replicas (at most all).
+    From(usize),
+    /// A majority of the members that count, and at least `min_cap` of them.
+    Majority { min_cap: usize },
+    /// Every member that counts.
+    All,
+}
+
+/// How many replicas must acknowledge a write, this node included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteConsistency {
+    /// This node's replica only.
+    Local,
+    /// `n` replicas (at most all).
+    To(usize),
+    /// A majority of the members that count, and at least `min_cap` of them.
+    Majority { min_cap: usize },
+    /// Every member that counts.
+    All,
+}
+
+impl ReadConsistency {
+    /// Replicas needed, this node included, when `counted` members count (this node
+    /// included).
+    pub fn required(self, counted: usize) -> usize {
+        required(counted, self.into())
+    }
+}
+
+impl WriteConsistency {
+    /// Replicas needed, this node included, when `counted` members count (this node
+    /// included).
+    pub fn required(self, counted: usize) -> usize {
+        required(counted, self.into())
+    }
+}
+
+/// The shape both consistencies share.
+enum Level {
+    Local,
+    N(usize),
+    Majority(usize),
+    All,
+}
+
+impl From<ReadConsistency> for Level {
+    fn from(c: ReadConsistency) -> Self {
+        match c {
+            ReadConsistency::Local => Level::Local,
+            ReadConsistency::From(n) => Level::N(n),
+            ReadConsistency::Majority { min_cap } => Level::Majority(min_cap),
+            ReadConsistency::All => Level::All,
+        }
+    }
+}
+
+impl From<WriteConsistency> for Level {
+    fn from(c: WriteConsistency) -> Self {
+        match c {
+            WriteConsistency::Local => Level::Local,
+            WriteConsistency::To(n) => Level::N(n),
+            WriteConsistency::Majority { min_cap } => Level::Majority(min_cap),
+            WriteConsistency::All => Level::All,
+        }
+    }
+}
+
+/// Unreachable members still count: a write acknowledged by a majority of the reachable side
+/// of a partition would be no majority at all.
+fn required(counted: usize, level: Level) -> usize {
+    let counted = counted.max(1);
+    match level {
+        Level::Local => 1,
+        Level::N(n) => n.clamp(1, counted),
+        Level::Majority(min_cap) => (counted / 2 + 1).max(min_cap.min(counted)),
+        Level::All => counted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn majority_is_more_than_half_and_honours_min_cap() {
+        let majority = WriteConsistency::Majority { min_cap: 0 };
+        assert_eq!(majority.required(1), 1);
+        assert_eq!(majority.required(2), 2);
+        assert_eq!(majority.required(3), 2);
+        assert_eq!(majority.required(4), 3);
+        assert_eq!(majority.required(5), 3);
+        let capped = ReadConsistency::Majority { min_cap: 4 };
+        assert_eq!(capped.required(5), 4);
+        assert_eq!(capped.required(3), 3, "min_cap never exceeds the members");
+    }
+
+    #[test]
+    fn a_read_and_a_write_majority_always_overlap() {
+        for n in 1..50 {
+            let w = WriteConsistency::Majority { min_cap: 0 }.required(n);
+            let r = ReadConsistency::Majority { min_cap: 0 }.required(n);
+            assert!(w + r > n, "n={n}");
+        }
+    }
+
+    #[test]
+    fn fixed_counts_are_capped_by_the_members() {
+        assert_eq!(WriteConsistency::To(5).required(3), 3);
+        assert_eq!(WriteConsistency::To(0).required(3), 1);
+        assert_eq!(ReadConsistency::From(2).required(3), 2);
+        assert_eq!(ReadConsistency::All.required(4), 4);
+        assert_eq!(ReadConsistency::Local.required(4), 1);
+    }
+}

@@ -1,0 +1,213 @@
+//! Anti-entropy between two Replicators, in four steps that only ship what differs:
+//!
+//! 1. `Status`: the initiator sends the digests of its non-empty chunks (a chunk's digest is
+//!    the XOR of its keys' digests) — about 18 KiB for a million keys.
+//! 2. `ChunkKeys`: the peer lists its keys and their digests for the chunks that differ, as
+//!    many chunks as fit a message.
+//! 3. `Gossip`: the initiator sends its state of every key that differs or the peer lacks,
+//!    and names the keys it wants back.
+//! 4. `Gossip`: the peer merges and sends back what was asked. When anything did not fit,
+//!    the exchange is marked `more` and the initiator starts the next round at once instead
+//!    of waiting a gossip interval, so a new node fills up at the speed of the network.
+
+use super::protocol::{ChunkKeyList, ReplicatorMessage};
+use super::{Replicator, Time};
+use crate::envelope::DataEnvelope;
+use rand::Rng;
+use std::collections::{BTreeSet, HashMap};
+use tessera_cluster::UniqueAddress;
+
+/// Bytes a key list entry costs besides the key: its digest and framing.
+const KEY_ENTRY_OVERHEAD_BYTES: usize = 20;
+
+impl Replicator {
+    /// Starts an anti-entropy round with a random member, preferring reachable ones.
+    pub(super) fn gossip_to_random_peer(&mut self) {
+        let reachable: Vec<UniqueAddress> = self
+            .members
+            .receivers()
+            .filter(|n| !self.members.unreachable.contains(*n))
+            .cloned()
+            .collect();
+        let candidates: Vec<UniqueAddress> = if reachable.is_empty() {
+            self.members.receivers().cloned().collect()
+        } else {
+            reachable
+        };
+        if candidates.is_empty() {
+            return;
+        }
+        let peer = candidates[self.rng.random_range(0..candidates.len())].clone();
+        self.send_status(&peer);
+    }
+
+    fn send_status(&mut self, peer: &UniqueAddress) {
+        let chunks = self.store.chunk_digests();
+        self.send(peer, ReplicatorMessage::Status { chunks });
+    }
+
+    /// Step 2: list the keys of the chunks that differ.
+    pub(super) fn on_status(&mut self, from: &UniqueAddress, theirs: Vec<(u16, u128)>) {
+        let mine: HashMap<u16, u128> = self.store.chunk_digests().into_iter().collect();
+        let theirs: HashMap<u16, u128> = theirs.into_iter().collect();
+        let differing: BTreeSet<u16> = mine
+            .iter()
+            .filter(|(chunk, digest)| theirs.get(chunk) != Some(digest))
+            .map(|(chunk, _)| *chunk)
+            .chain(theirs.keys().filter(|c| !mine.contains_key(c)).copied())
+            .collect();
+        if differing.is_empty() {
+            return;
+        }
+        // Start at a random differing chunk, so that repeated truncated rounds do not always
+        // list the same chunks first.
+        let differing: Vec<u16> = differing.into_iter().collect();
+        let start = self.rng.random_range(0..differing.len());
+        let mut budget = self.config.max_message_bytes;
+        let mut lists = Vec::new();
+        let mut more = false;
+        for chunk in differing[start..].iter().chain(&differing[..start]) {
+            let keys = self.store.chunk_keys(*chunk);
+            let size: usize = 8 + keys
+                .iter()
+                .map(|(k, _)| k.len() + KEY_ENTRY_OVERHEAD_BYTES)
+                .sum::<usize>();
+            if size > budget && !lists.is_empty() {
+                more = true;
+                break;
+            }
+            budget = budget.saturating_sub(size);
+            lists.push(ChunkKeyList {
+                chunk: *chunk,
+                keys,
+            });
+        }
+        self.send(
+            from,
+            ReplicatorMessage::ChunkKeys {
+                chunks: lists,
+                more,
+            },
+        );
+    }
+
+    /// Step 3: send what differs, ask for what is missing here.
+    pub(super) fn on_chunk_keys(
+        &mut self,
+        from: &UniqueAddress,
+        lists: Vec<ChunkKeyList>,
+        more: bool,
+    ) {
+        let mut entries = Vec::new();
+        let mut send_back = Vec::new();
+        let mut budget = self.config.max_message_bytes;
+        let mut truncated = false;
+        for list in lists {
+            let theirs: HashMap<String, u128> = list.keys.into_iter().collect();
+            let mine = self.store.chunk_keys(list.chunk);
+            for (key, digest) in &mine {
+                match theirs.get(key) {
+                    Some(d) if d == digest => continue,
+                    Some(_) => send_back.push(key.clone()),
+                    None => {}
+                }
+                if truncated {
+                    continue;
+                }
+                if let Some((envelope, size)) = self.store.get_with_size(key) {
+                    let cost = key.len() + size + KEY_ENTRY_OVERHEAD_BYTES;
+                    if cost > budget && !entries.is_empty() {
+                        truncated = true;
+                        continue;
+                    }
+                    budget = budget.saturating_sub(cost);
+                    entries.push((key.clone(), envelope.clone()));
+                }
+            }
+            let mine: BTreeSet<&String> = mine.iter().map(|(k, _)| k).collect();
+            send_back.extend(theirs.into_keys().filter(|k| !mine.contains(k)));
+        }
+        let more = more || truncated;
+        if entries.is_empty() && send_back.is_empty() && !more {
+            return;
+        }
+        self.send(
+            from,
+            ReplicatorMessage::Gossip {
+                entries,
+                send_back,
+                reply_expected: true,
+                more,
+            },
+        );
+    }
+
+    /// Steps 3 and 4 on the receiving side, and the end of an exchange on the initiator's.
+    pub(super) fn on_gossip(
+        &mut self,
+        _time: Time,
+        from: &UniqueAddress,
+        entries: Vec<(String, DataEnvelope)>,
+        send_back: Vec<String>,
+        reply_expected: bool,
+        more: bool,
+    ) {
+        for (key, envelope) in &entries {
+            if let Err(e) = self.merge_incoming(key, envelope) {
+                tracing::warn!(key = %key, from = %from.address, error = %e,
+                    "gossip carried another kind of value for a key; kept this replica's");
+            }
+        }
+        if reply_expected {
+            let (entries, truncated) = self.envelopes_within_budget(send_back);
+            self.send(
+                from,
+                ReplicatorMessage::Gossip {
+                    entries,
+                    send_back: Vec::new(),
+                    reply_expected: false,
+                    more: more || truncated,
+                },
+            );
+        } else if more {
+            self.send_status(from);
+        }
+    }
+
+    /// Answers a `DeltaGap`: the full state of the keys whose deltas the peer missed.
+    pub(super) fn send_full_state(&mut self, to: &UniqueAddress, keys: Vec<String>) {
+        let (entries, _) = self.envelopes_within_budget(keys);
+        if entries.is_empty() {
+            return;
+        }
+        self.send(
+            to,
+            ReplicatorMessage::Gossip {
+                entries,
+                send_back: Vec::new(),
+                reply_expected: false,
+                more: false,
+            },
+        );
+    }
+
+    /// The envelopes of `keys` held here, as many as fit a message; and whether some did not.
+    fn envelopes_within_budget(
+        &mut self,
+        keys: Vec<String>,
+    ) -> (Vec<(String, DataEnvelope)>, bool) {
+        let mut budget = self.config.max_message_bytes;
+        let mut entries = Vec::new();
+        for key in keys {
+            if let Some((envelope, size)) = self.store.get_with_size(&key) {
+                let cost = key.len() + size + KEY_ENTRY_OVERHEAD_BYTES;
+                if cost > budget && !entries.is_empty() {
+                    return (entries, true);
+                }
+                budget = budget.saturating_sub(cost);
+                entries.push((key, envelope.clone()));
+            }
+        }
+        (entries, false)
+    }
+}
