@@ -45,6 +45,8 @@ pub mod services {
     pub const MEMBERSHIP: ServiceId = 1;
     /// Failure detector heartbeats.
     pub const HEARTBEAT: ServiceId = 2;
+    /// Distributed Data: the Replicator's reads, writes, deltas and anti-entropy.
+    pub const REPLICATOR: ServiceId = 3;
 }
 
 /// Which outbound queue a message waits in. Control traffic (heartbeats, membership) is always

@@ -1,0 +1,521 @@
+//! The tokio driver around a [`Replicator`]: one task owns it and feeds it local commands
+//! (from a bounded queue), messages from other nodes' Replicators (the transport's
+//! `replicator` service), membership views (the cluster's published snapshot) and ticks; it
+//! carries out the outputs — durable writes first, then sends, replies and notifications.
+
+use crate::consistency::{ReadConsistency, WriteConsistency};
+use crate::durable::{DurableStore, DurableStoreError};
+use crate::envelope::DataEnvelope;
+use crate::replicator::{
+    Command, DeleteResult, GetResult, Input, MembershipView, Output, Replicator, ReplicatorConfig,
+    ReplicatorMessage, RequestId, Response, SubscriberId, Time, UpdateContext, UpdateResult,
+};
+use crate::value::ReplicatedValue;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tessera_cluster::node::ClusterSnapshot;
+use tessera_cluster::transport::{Lane, Transport, TransportError, services};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Settings of a running Replicator.
+#[derive(Debug, Clone)]
+pub struct ReplicatorSettings {
+    pub config: ReplicatorConfig,
+    /// Local requests waiting for the Replicator; a request arriving at a full queue is
+    /// refused with [`ReplicatorError::Overloaded`].
+    pub command_queue_capacity: usize,
+    /// Messages from other nodes waiting for the Replicator (full: the transport drops and
+    /// counts them; anti-entropy repairs what was lost).
+    pub service_queue_capacity: usize,
+    /// Directory of the durable store; required when `config.durable_keys` is not empty.
+    pub durable_dir: Option<PathBuf>,
+}
+
+impl Default for ReplicatorSettings {
+    fn default() -> Self {
+        ReplicatorSettings {
+            config: ReplicatorConfig::default(),
+            command_queue_capacity: 4096,
+            service_queue_capacity: 8192,
+            durable_dir: None,
+        }
+    }
+}
+
+/// A change of a subscribed key (`value` is `None` once the key is deleted).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub key: String,
+    pub value: Option<ReplicatedValue>,
+}
+
+/// Why a request did not reach the Replicator.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicatorError {
+    #[error("the replicator's request queue is full ({capacity} requests waiting); retry later")]
+    Overloaded { capacity: usize },
+    #[error("the replicator is stopped")]
+    Stopped,
+}
+
+/// Failure to start a Replicator.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicatorStartError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error(transparent)]
+    Durable(#[from] DurableStoreError),
+    #[error("durable keys are configured but no directory for the durable store is")]
+    NoDurableDir,
+}
+
+/// Counters of a running Replicator, for metrics.
+#[derive(Debug, Default)]
+pub struct ReplicatorCounters {
+    /// Messages from peers that could not be decoded.
+    pub decode_errors: AtomicU64,
+    /// Messages the transport refused to queue (full queue, oversize).
+    pub send_failures: AtomicU64,
+    /// Notifications dropped because a subscriber's queue was full.
+    pub dropped_notifications: AtomicU64,
+    /// Durable writes that failed (their acknowledgements were withheld).
+    pub durable_failures: AtomicU64,
+    /// Keys held, deleted ones included (updated after every step).
+    pub keys: AtomicU64,
+}
+
+enum DriverCommand {
+    Request(Command, oneshot::Sender<Response>),
+    Subscribe {
+        key: String,
+        changes: mpsc::Sender<Change>,
+        reply: oneshot::Sender<Response>,
+    },
+    Stop(oneshot::Sender<()>),
+}
+
+/// The way to a running Replicator. Cheap to clone.
+#[derive(Clone)]
+pub struct ReplicatorHandle {
+    commands: mpsc::Sender<DriverCommand>,
+    capacity: usize,
+    counters: Arc<ReplicatorCounters>,
+}
+
+impl ReplicatorHandle {
+    async fn submit(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Response>) -> DriverCommand,
+    ) -> Result<Response, ReplicatorError> {
+        let (reply, answer) = oneshot::channel();
+        match self.commands.try_send(make(reply)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(ReplicatorError::Overloaded {
+                    capacity: self.capacity,
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(ReplicatorError::Stopped),
+        }
+        answer.await.map_err(|_| ReplicatorError::Stopped)
+    }
+
+    async fn request(&self, command: Command) -> Result<Response, ReplicatorError> {
+        self.submit(|reply| DriverCommand::Request(command, reply))
+            .await
+    }
+
+    /// Reads `key` at `consistency`.
+    pub async fn get(
+        &self,
+        key: &str,
+        consistency: ReadConsistency,
+        timeout: Duration,
+    ) -> Result<GetResult, ReplicatorError> {
+        match self
+            .request(Command::Get {
+                key: key.to_string(),
+                consistency,
+                timeout,
+            })
+            .await?
+        {
+            Response::Get(result) => Ok(result),
+            other => Ok(GetResult::Failed(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Updates `key` with `modify` (given the current value, `None` for a new key) and
+    /// replicates it at `consistency`.
+    pub async fn update(
+        &self,
+        key: &str,
+        consistency: WriteConsistency,
+        timeout: Duration,
+        modify: impl FnOnce(
+            Option<ReplicatedValue>,
+            &UpdateContext<'_>,
+        ) -> Result<ReplicatedValue, String>
+        + Send
+        + 'static,
+    ) -> Result<UpdateResult, ReplicatorError> {
+        match self
+            .request(Command::Update {
+                key: key.to_string(),
+                consistency,
+                timeout,
+                modify: Box::new(modify),
+            })
+            .await?
+        {
+            Response::Update(result) => Ok(result),
+            other => Ok(UpdateResult::Failed(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Deletes `key` for good.
+    pub async fn delete(
+        &self,
+        key: &str,
+        consistency: WriteConsistency,
+        timeout: Duration,
+    ) -> Result<DeleteResult, ReplicatorError> {
+        match self
+            .request(Command::Delete {
+                key: key.to_string(),
+                consistency,
+                timeout,
+            })
+            .await?
+        {
+            Response::Delete(result) => Ok(result),
+            other => Ok(DeleteResult::Failed(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// The keys that hold a value on this node.
+    pub async fn keys(&self) -> Result<Vec<String>, ReplicatorError> {
+        match self.request(Command::Keys).await? {
+            Response::Keys(keys) => Ok(keys),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Changes of `key`, batched, starting with its current value; at most `capacity` wait
+    /// (further ones are dropped and counted; the next change carries the whole value).
+    pub async fn subscribe(
+        &self,
+        key: &str,
+        capacity: usize,
+    ) -> Result<mpsc::Receiver<Change>, ReplicatorError> {
+        let (changes, receiver) = mpsc::channel(capacity.max(1));
+        let key = key.to_string();
+        self.submit(|reply| DriverCommand::Subscribe {
+            key,
+            changes,
+            reply,
+        })
+        .await?;
+        Ok(receiver)
+    }
+
+    /// Stops the Replicator (after the step it is in).
+    pub async fn stop(&self) {
+        let (done, stopped) = oneshot::channel();
+        if self.commands.send(DriverCommand::Stop(done)).await.is_ok() {
+            let _ = stopped.await;
+        }
+    }
+
+    /// The Replicator's counters.
+    pub fn counters(&self) -> &ReplicatorCounters {
+        &self.counters
+    }
+}
+
+/// Now, on tokio's clock (which tests can pause and advance).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The membership view a cluster snapshot gives.
+pub fn view_of(snapshot: &ClusterSnapshot) -> MembershipView {
+    MembershipView {
+        members: snapshot
+            .members
+            .iter()
+            .map(|m| (m.unique_address.clone(), m.status))
+            .collect(),
+        unreachable: snapshot.unreachable.clone(),
+        leader: snapshot.leader.clone(),
+    }
+}
+
+/// Starts a Replicator on `transport`, following the membership published on `membership`.
+/// Durable keys are loaded from the durable store before the first request is served.
+pub async fn start<T: Transport>(
+    transport: Arc<T>,
+    membership: watch::Receiver<ClusterSnapshot>,
+    settings: ReplicatorSettings,
+) -> Result<ReplicatorHandle, ReplicatorStartError> {
+    let durable = match (
+        &settings.durable_dir,
+        settings.config.durable_keys.is_empty(),
+    ) {
+        (_, true) => None,
+        (None, false) => return Err(ReplicatorStartError::NoDurableDir),
+        (Some(dir), false) => {
+            let dir = dir.clone();
+            let opened = tokio::task::spawn_blocking(move || DurableStore::open(&dir))
+                .await
+                .map_err(|e| DurableStoreError::Storage {
+                    path: PathBuf::new(),
+                    detail: e.to_string(),
+                })??;
+            Some(Arc::new(opened))
+        }
+    };
+    let mut replicator = Replicator::new(
+        transport.local().clone(),
+        settings.config.clone(),
+        rand::random(),
+        now(),
+    );
+    if let Some(store) = &durable {
+        let store = store.clone();
+        let entries = tokio::task::spawn_blocking(move || store.load_all())
+            .await
+            .map_err(|e| DurableStoreError::Storage {
+                path: PathBuf::new(),
+                detail: e.to_string(),
+            })??;
+        for (key, envelope) in entries {
+            replicator.load(&key, envelope);
+        }
+    }
+    let inbound = transport.register(services::REPLICATOR, settings.service_queue_capacity)?;
+    let (commands, queue) = mpsc::channel(settings.command_queue_capacity);
+    let counters = Arc::new(ReplicatorCounters::default());
+    let driver = Driver {
+        replicator,
+        transport,
+        durable,
+        counters: counters.clone(),
+        pending: HashMap::new(),
+        subscribers: HashMap::new(),
+        next_request: 1,
+        next_subscriber: 1,
+    };
+    tokio::spawn(driver.run(queue, inbound, membership));
+    Ok(ReplicatorHandle {
+        commands,
+        capacity: settings.command_queue_capacity,
+        counters,
+    })
+}
+
+struct Driver<T: Transport> {
+    replicator: Replicator,
+    transport: Arc<T>,
+    durable: Option<Arc<DurableStore>>,
+    counters: Arc<ReplicatorCounters>,
+    pending: HashMap<RequestId, oneshot::Sender<Response>>,
+    subscribers: HashMap<SubscriberId, mpsc::Sender<Change>>,
+    next_request: RequestId,
+    next_subscriber: SubscriberId,
+}
+
+impl<T: Transport> Driver<T> {
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<DriverCommand>,
+        mut inbound: mpsc::Receiver<tessera_cluster::transport::Inbound>,
+        mut membership: watch::Receiver<ClusterSnapshot>,
+    ) {
+        let view = view_of(&membership.borrow_and_update());
+        self.step(Input::Membership(view)).await;
+        loop {
+            // Timers first: a busy command stream must not starve timeouts and gossip.
+            if now() >= self.replicator.next_timer() {
+                self.step(Input::Tick).await;
+                continue;
+            }
+            let deadline = tokio::time::Instant::from_std(self.replicator.next_timer());
+            let input = tokio::select! {
+                command = commands.recv() => match command {
+                    Some(DriverCommand::Request(command, reply)) => {
+                        let id = self.next_request;
+                        self.next_request += 1;
+                        self.pending.insert(id, reply);
+                        Input::Command { id, command }
+                    }
+                    Some(DriverCommand::Subscribe { key, changes, reply }) => {
+                        let subscriber = self.next_subscriber;
+                        self.next_subscriber += 1;
+                        self.subscribers.insert(subscriber, changes);
+                        let id = self.next_request;
+                        self.next_request += 1;
+                        self.pending.insert(id, reply);
+                        Input::Command { id, command: Command::Subscribe { key, subscriber } }
+                    }
+                    Some(DriverCommand::Stop(done)) => {
+                        drop(self);
+                        let _ = done.send(());
+                        return;
+                    }
+                    None => return,
+                },
+                message = inbound.recv() => match message {
+                    Some(message) => match ReplicatorMessage::decode(&message.payload) {
+                        Ok(decoded) => Input::Message { from: message.from, message: decoded },
+                        Err(e) => {
+                            self.counters.decode_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(from = %message.from.address, error = %e,
+                                "undecodable replicator message");
+                            continue;
+                        }
+                    },
+                    None => return,
+                },
+                changed = membership.changed() => match changed {
+                    Ok(()) => Input::Membership(view_of(&membership.borrow_and_update())),
+                    // The cluster node stopped: nothing will change any more, keep serving.
+                    Err(_) => {
+                        membership = watch::channel(ClusterSnapshot::default()).1;
+                        continue;
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline) => Input::Tick,
+            };
+            self.step(input).await;
+        }
+    }
+
+    async fn step(&mut self, input: Input) {
+        let time = Time {
+            now: now(),
+            wall_ms: wall_ms(),
+        };
+        let outputs = self.replicator.handle(time, input);
+        self.counters
+            .keys
+            .store(self.replicator.key_count() as u64, Ordering::Relaxed);
+        self.carry_out(outputs).await;
+    }
+
+    /// Durable writes first (one fsynced batch); if they fail, the step's acknowledgements
+    /// are withheld: nothing claims durability that the disk did not give.
+    async fn carry_out(&mut self, outputs: Vec<Output>) {
+        let to_store: Vec<(String, DataEnvelope)> = outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Store { key, envelope } => Some((key.clone(), envelope.clone())),
+                _ => None,
+            })
+            .collect();
+        let mut durable_error = None;
+        if let (false, Some(store)) = (to_store.is_empty(), &self.durable) {
+            let store = store.clone();
+            let result = tokio::task::spawn_blocking(move || store.store(&to_store)).await;
+            let failure = match result {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(e) = failure {
+                self.counters
+                    .durable_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "durable store write failed; acknowledgements withheld");
+                durable_error = Some(e);
+            }
+        }
+        for output in outputs {
+            match output {
+                Output::Store { .. } => {}
+                Output::Send { to, message } => {
+                    if durable_error.is_some()
+                        && matches!(message, ReplicatorMessage::WriteAck { .. })
+                    {
+                        continue;
+                    }
+                    let bytes = match message.encode() {
+                        Ok(bytes) => Bytes::from(bytes),
+                        Err(_) => {
+                            self.counters.send_failures.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    };
+                    if self
+                        .transport
+                        .send(&to, services::REPLICATOR, Lane::Bulk, bytes)
+                        .is_err()
+                    {
+                        self.counters.send_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Output::Reply { id, response } => {
+                    let response = match (&durable_error, response) {
+                        (Some(e), Response::Update(UpdateResult::Success)) => {
+                            Response::Update(UpdateResult::Failed(format!("durable store: {e}")))
+                        }
+                        (Some(e), Response::Delete(DeleteResult::Success)) => {
+                            Response::Delete(DeleteResult::Failed(format!("durable store: {e}")))
+                        }
+                        (_, response) => response,
+                    };
+                    if let Some(reply) = self.pending.remove(&id) {
+                        let _ = reply.send(response);
+                    }
+                }
+                Output::Changed {
+                    subscriber,
+                    key,
+                    value,
+                } => self.notify(subscriber, key, value),
+            }
+        }
+    }
+
+    fn notify(&mut self, subscriber: SubscriberId, key: String, value: Option<ReplicatedValue>) {
+        let Some(changes) = self.subscribers.get(&subscriber) else {
+            return;
+        };
+        match changes.try_send(Change {
+            key: key.clone(),
+            value,
+        }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.counters
+                    .dropped_notifications
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.subscribers.remove(&subscriber);
+                let time = Time {
+                    now: now(),
+                    wall_ms: wall_ms(),
+                };
+                // Unsubscribing emits only a reply to a request id nobody waits for.
+                let _ = self.replicator.handle(
+                    time,
+                    Input::Command {
+                        id: 0,
+                        command: Command::Unsubscribe { key, subscriber },
+                    },
+                );
+            }
+        }
+    }
+}
