@@ -117,6 +117,9 @@ pub struct NodeArgs {
     /// Level or filter; RUST_LOG overrides it [default: info] [env: TESSERA_LOG_LEVEL]
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Distributed Data keys stored on disk, comma-separated; a trailing * matches a prefix [default: none] [env: TESSERA_DURABLE_KEYS]
+    #[arg(long, value_name = "KEYS", value_delimiter = ',')]
+    pub durable_keys: Vec<String>,
 }
 
 impl NodeArgs {
@@ -148,6 +151,7 @@ impl NodeArgs {
             app_version: self.app_version.clone(),
             log_format: self.log_format.clone(),
             log_level: self.log_level.clone(),
+            durable_keys: list(&self.durable_keys),
         }
     }
 

@@ -18,7 +18,7 @@ use tessera_cluster::Address;
 /// Every configuration key, as written in the TOML file; the environment variable is
 /// `TESSERA_` followed by the key in upper case, the flag is the key with `-` for `_`
 /// (except `seed_nodes`, whose flag is the repeatable `--seed`).
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 25] = [
     "host",
     "port",
     "http_host",
@@ -43,6 +43,7 @@ pub const KEYS: [&str; 24] = [
     "app_version",
     "log_format",
     "log_level",
+    "durable_keys",
 ];
 
 /// Environment variable naming the config file when `--config` is not given.
@@ -100,6 +101,9 @@ pub struct NodeConfig {
     pub log_format: LogFormat,
     /// Log level or tracing filter (`RUST_LOG` overrides it).
     pub log_level: String,
+    /// Distributed Data keys written to disk before an update is acknowledged and loaded at
+    /// start: exact keys, or prefixes ending in `*`.
+    pub durable_keys: Vec<String>,
 }
 
 impl Default for NodeConfig {
@@ -127,6 +131,7 @@ impl Default for NodeConfig {
             app_version: env!("CARGO_PKG_VERSION").into(),
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            durable_keys: Vec::new(),
         }
     }
 }
@@ -323,6 +328,7 @@ pub struct ConfigLayer {
     pub app_version: Option<String>,
     pub log_format: Option<String>,
     pub log_level: Option<String>,
+    pub durable_keys: Option<Vec<String>>,
 }
 
 impl ConfigLayer {
@@ -394,6 +400,7 @@ impl ConfigLayer {
             "app_version" => self.app_version = text(),
             "log_format" => self.log_format = text(),
             "log_level" => self.log_level = text(),
+            "durable_keys" => self.durable_keys = Some(split_list(&value)),
             _ => return false,
         }
         true
@@ -431,6 +438,7 @@ impl ConfigLayer {
             app_version: over.app_version.or(self.app_version),
             log_format: over.log_format.or(self.log_format),
             log_level: over.log_level.or(self.log_level),
+            durable_keys: over.durable_keys.or(self.durable_keys),
         }
     }
 }
@@ -441,6 +449,19 @@ fn key_of_env_var(name: &str) -> Option<&'static str> {
     KEYS.iter()
         .copied()
         .find(|key| key.eq_ignore_ascii_case(rest) && rest.bytes().all(|b| !b.is_ascii_lowercase()))
+}
+
+/// A durable key pattern: a key, or a prefix ending in `*` (no other `*`).
+fn parse_durable_key_pattern(pattern: &str) -> Result<String, ConfigError> {
+    let body = pattern.strip_suffix('*').unwrap_or(pattern);
+    if pattern.is_empty() || body.contains('*') || pattern.chars().any(char::is_control) {
+        return Err(invalid(
+            "durable_keys",
+            pattern,
+            "keys or key prefixes ending in *, like coordinator-* (no other *)",
+        ));
+    }
+    Ok(pattern.to_string())
 }
 
 /// `"a, b,,c"` → `["a", "b", "c"]`.
@@ -620,6 +641,13 @@ impl NodeConfig {
                     level
                 }
                 None => d.log_level,
+            },
+            durable_keys: match layer.durable_keys {
+                Some(patterns) => patterns
+                    .into_iter()
+                    .map(|p| parse_durable_key_pattern(p.trim()))
+                    .collect::<Result<_, _>>()?,
+                None => d.durable_keys,
             },
             host,
             http_host,
@@ -1120,6 +1148,7 @@ mod tests {
             ("host", "a b", r#"invalid value "a b" for host"#),
             ("app_version", "", "app_version"),
             ("data_dir", " ", "data_dir"),
+            ("durable_keys", "a*b", "durable_keys"),
         ];
         for (key, value, expected) in cases {
             let err = error(&[(key, value)]);

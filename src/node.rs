@@ -16,6 +16,8 @@ use tessera_cluster::node::{ClusterError, ClusterHandle, ClusterStartError, Oper
 use tessera_cluster::sbr;
 use tessera_cluster::transport::{TcpTransport, Transport, TransportConfig, TransportError};
 use tessera_cluster::{Address, MemberStatus};
+use tessera_ddata::node::{ReplicatorHandle, ReplicatorSettings, ReplicatorStartError};
+use tessera_ddata::replicator::ReplicatorConfig;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -33,6 +35,8 @@ pub enum NodeError {
     Transport(#[from] TransportError),
     #[error("cluster: {0}")]
     Cluster(#[from] ClusterStartError),
+    #[error("distributed data: {0}")]
+    Replicator(#[from] ReplicatorStartError),
     #[error("cannot bind the HTTP API to {address}: {source}")]
     HttpBind {
         address: String,
@@ -44,6 +48,8 @@ pub enum NodeError {
 pub struct RunningNode {
     pub cluster: ClusterHandle,
     pub transport: Arc<TcpTransport>,
+    /// The node's Distributed Data replica.
+    pub replicator: ReplicatorHandle,
     /// Where the HTTP API listens (the real port when 0 was configured).
     pub http_address: SocketAddr,
     http_shutdown: watch::Sender<bool>,
@@ -70,6 +76,7 @@ impl RunningNode {
     }
 
     async fn stop(self) {
+        self.replicator.stop().await;
         self.transport.shutdown();
         let _ = self.http_shutdown.send(true);
         let _ = self.http_task.await;
@@ -121,6 +128,19 @@ pub fn cluster_core_config(config: &NodeConfig) -> ClusterCoreConfig {
     }
 }
 
+/// The Distributed Data settings a node configuration implies.
+pub fn replicator_settings(config: &NodeConfig) -> ReplicatorSettings {
+    ReplicatorSettings {
+        config: ReplicatorConfig {
+            gossip_interval: config.gossip_interval,
+            durable_keys: config.durable_keys.clone(),
+            ..ReplicatorConfig::default()
+        },
+        durable_dir: Some(config.data_dir.join("ddata")),
+        ..ReplicatorSettings::default()
+    }
+}
+
 /// The transport settings a node configuration implies.
 pub fn transport_config(config: &NodeConfig) -> TransportConfig {
     TransportConfig {
@@ -139,6 +159,12 @@ pub fn transport_config(config: &NodeConfig) -> TransportConfig {
 pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
     let transport = TcpTransport::bind(transport_config(config), rand::random()).await?;
     let cluster = tessera_cluster::node::start(transport.clone(), cluster_core_config(config))?;
+    let replicator = tessera_ddata::node::start(
+        transport.clone(),
+        cluster.watch(),
+        replicator_settings(config),
+    )
+    .await?;
     let http_bind = format!("{}:{}", config.http_host, config.http_port);
     let listener = tokio::net::TcpListener::bind(&http_bind)
         .await
@@ -155,9 +181,10 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
     let control = Arc::new(NodeControl {
         cluster: cluster.clone(),
         transport: transport.clone(),
+        replicator: replicator.clone(),
     });
     let (http_shutdown, mut shutdown_rx) = watch::channel(false);
-    let router = http::router(control);
+    let router = http::router(control, http::ddata::router(replicator.clone()));
     let http_task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = shutdown_rx.wait_for(|stop| *stop).await;
@@ -169,6 +196,7 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
     Ok(RunningNode {
         cluster,
         transport,
+        replicator,
         http_address,
         http_shutdown,
         http_task,
@@ -241,6 +269,7 @@ async fn shutdown_signal() -> &'static str {
 struct NodeControl {
     cluster: ClusterHandle,
     transport: Arc<TcpTransport>,
+    replicator: ReplicatorHandle,
 }
 
 impl NodeControl {
@@ -293,6 +322,8 @@ impl ClusterControl for NodeControl {
     fn metrics(&self) -> NodeMetrics {
         let snapshot = self.cluster.snapshot();
         let transport = self.transport.metrics().snapshot();
+        let ddata = self.replicator.counters();
+        use std::sync::atomic::Ordering::Relaxed;
         let members_by_status = MemberStatus::ALL
             .iter()
             .map(|status| {
@@ -327,6 +358,11 @@ impl ClusterControl for NodeControl {
             inbound_dropped_total: transport.inbound_dropped_queue_full
                 + transport.inbound_unknown_service,
             request_timeouts_total: transport.request_timeouts,
+            ddata_keys: ddata.keys.load(Relaxed),
+            ddata_send_failures_total: ddata.send_failures.load(Relaxed),
+            ddata_decode_errors_total: ddata.decode_errors.load(Relaxed),
+            ddata_dropped_notifications_total: ddata.dropped_notifications.load(Relaxed),
+            ddata_durable_failures_total: ddata.durable_failures.load(Relaxed),
         }
     }
 }

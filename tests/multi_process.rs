@@ -4,88 +4,17 @@
 //! Deadlines here only bound how long a test may hang; the times the acceptance criteria
 //! name are printed (and measured by `tessera demo` / `tessera bench cluster`), not asserted.
 
+mod common;
+
 use bytes::Bytes;
+use common::*;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess, View};
+use tessera::demo::{self, NodeProcess};
 use tessera::http_client;
 use tessera_cluster::Address;
 use tessera_cluster::transport::{Lane, TcpTransport, Transport, TransportConfig, services};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const DEADLINE: Duration = Duration::from_secs(45);
-const SECRET: &str = "multi-process-test-secret";
-
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_tessera"))
-}
-
-/// A port that was free a moment ago (the OS picks it), for nodes that must know their seed's
-/// address before it starts.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr").port()
-}
-
-fn node_args(port: u16, seed: u16, data: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--http-port",
-        "0",
-        "--seed",
-        &format!("127.0.0.1:{seed}"),
-        "--data-dir",
-        &data.display().to_string(),
-        "--cluster-secret",
-        SECRET,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
-}
-
-async fn wait_views(
-    nodes: &[&NodeProcess],
-    what: &str,
-    mut done: impl FnMut(&[Option<View>]) -> bool,
-) -> Duration {
-    let start = Instant::now();
-    loop {
-        let mut views = Vec::new();
-        for n in nodes {
-            views.push(demo::view(n.http).await);
-        }
-        if done(&views) {
-            let took = start.elapsed();
-            println!("{what}: {:.2}s", took.as_secs_f64());
-            return took;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "{what}: not reached within {DEADLINE:?}; views {views:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn metric(http: SocketAddr, series: &str) -> u64 {
-    let body = http_client::get(http, "/metrics", Duration::from_secs(5))
-        .await
-        .expect("GET /metrics")
-        .body;
-    body.lines()
-        .find_map(|line| {
-            line.strip_prefix(series)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or_else(|| panic!("series {series} missing from /metrics:\n{body}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_form_detect_a_kill_and_leave_on_sigterm() {

@@ -48,6 +48,16 @@ pub struct NodeMetrics {
     pub inbound_dropped_total: u64,
     /// Requests that got no response within their timeout.
     pub request_timeouts_total: u64,
+    /// Distributed Data keys held by this node's replica (deleted ones included).
+    pub ddata_keys: u64,
+    /// Replicator messages the transport refused to queue.
+    pub ddata_send_failures_total: u64,
+    /// Replicator messages from peers that could not be decoded.
+    pub ddata_decode_errors_total: u64,
+    /// Change notifications dropped because a subscriber's queue was full.
+    pub ddata_dropped_notifications_total: u64,
+    /// Durable-key writes that failed.
+    pub ddata_durable_failures_total: u64,
 }
 
 /// Refused connections by reason (the `reason` label).
@@ -209,6 +219,31 @@ pub fn render_prometheus(metrics: &NodeMetrics) -> String {
             "tessera_transport_request_timeouts_total",
             "Requests that got no response within their timeout.",
             metrics.request_timeouts_total,
+        ),
+        Family::gauge(
+            "tessera_ddata_keys",
+            "Distributed Data keys held by this node's replica, deleted ones included.",
+            metrics.ddata_keys,
+        ),
+        Family::counter(
+            "tessera_ddata_send_failures_total",
+            "Replicator messages the transport refused to queue.",
+            metrics.ddata_send_failures_total,
+        ),
+        Family::counter(
+            "tessera_ddata_decode_errors_total",
+            "Replicator messages from peers that could not be decoded.",
+            metrics.ddata_decode_errors_total,
+        ),
+        Family::counter(
+            "tessera_ddata_dropped_notifications_total",
+            "Change notifications dropped because a subscriber's queue was full.",
+            metrics.ddata_dropped_notifications_total,
+        ),
+        Family::counter(
+            "tessera_ddata_durable_failures_total",
+            "Durable-key writes that failed.",
+            metrics.ddata_durable_failures_total,
         ),
     ];
     let mut out = String::with_capacity(4096);

@@ -5,6 +5,7 @@
 //! `{"error": "..."}` with a fitting status, including axum's own rejections, unknown routes and
 //! wrong methods.
 
+pub mod ddata;
 mod health;
 mod members;
 mod metrics;
@@ -138,8 +139,10 @@ fn parse_address(text: &str) -> Result<Address, ApiError> {
 /// The shared state of every handler.
 type Control = Arc<dyn ClusterControl>;
 
-/// The management API's routes over `control`.
-pub fn router(control: Arc<dyn ClusterControl>) -> Router {
+/// The management API's routes over `control`, with the node's `services` (Distributed
+/// Data, entities: routers with their own state) merged in under the same error handling and
+/// body limit.
+pub fn router(control: Arc<dyn ClusterControl>, services: Router) -> Router {
     Router::new()
         .route("/cluster/members", get(members::list))
         .route("/cluster/members/{address}", put(members::update))
@@ -147,10 +150,11 @@ pub fn router(control: Arc<dyn ClusterControl>) -> Router {
         .route("/health/alive", get(health::alive))
         .route("/health/ready", get(health::ready))
         .route("/metrics", get(metrics::handler))
+        .with_state(control)
+        .merge(services)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(control)
 }
 
 async fn not_found() -> ApiError {

@@ -48,7 +48,10 @@ async fn send(control: &Arc<FakeControl>, method: Method, uri: &str, body: Optio
 }
 
 async fn send_request(control: &Arc<FakeControl>, request: Request<Body>) -> Reply {
-    let response = router(control.clone()).oneshot(request).await.unwrap();
+    let response = router(control.clone(), Router::new())
+        .oneshot(request)
+        .await
+        .unwrap();
     let status = response.status();
     let content_type = response
         .headers()
@@ -376,7 +379,7 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    assert_eq!(names.len(), 17);
+    assert_eq!(names.len(), 22);
     for name in &names {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         assert!(name.starts_with("tessera_"), "{name}");
@@ -385,8 +388,8 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         }
     }
     let samples = text.lines().filter(|l| !l.starts_with('#')).count();
-    // 7 statuses + 3 refusal reasons + 15 single-sample families.
-    assert_eq!(samples, 7 + 3 + 15);
+    // 7 statuses + 3 refusal reasons + 20 single-sample families.
+    assert_eq!(samples, 7 + 3 + 20);
 }
 
 #[tokio::test]
@@ -447,7 +450,7 @@ async fn serve_answers_over_tcp_and_stops_on_shutdown() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let local = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, router(fake()), async {
+    let server = tokio::spawn(serve(listener, router(fake(), Router::new()), async {
         let _ = stopped.await;
     }));
 
