@@ -185,6 +185,19 @@ pub enum BenchCommand {
     Cluster(BenchClusterArgs),
     /// Journal write and replay throughput against raw RocksDB.
     Journal(BenchJournalArgs),
+    /// Distributed Data latency, catch-up of a new node and idle gossip on 3 nodes.
+    Ddata(BenchDdataArgs),
+}
+
+/// Flags of `tessera bench ddata`.
+#[derive(Debug, Args)]
+pub struct BenchDdataArgs {
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// A tenth of the keys and shorter phases, for a quick look.
+    #[arg(long)]
+    pub quick: bool,
 }
 
 /// Flags of `tessera bench cluster`.

@@ -59,6 +59,21 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Bench(BenchCommand::Ddata(args)) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            let params = if args.quick {
+                tessera::bench::ddata::DdataBenchParams::quick()
+            } else {
+                tessera::bench::ddata::DdataBenchParams::full()
+            };
+            match tessera::bench::ddata::run(params, args.json).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: bench ddata failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Bench(BenchCommand::Journal(args)) => {
             let _ = logging::init(LogFormat::Text, "warn");
             let dir = args.dir.unwrap_or_else(|| {

@@ -41,7 +41,7 @@ impl Replicator {
         self.send_status(&peer);
     }
 
-    fn send_status(&mut self, peer: &UniqueAddress) {
+    pub(super) fn send_status(&mut self, peer: &UniqueAddress) {
         let chunks = self.store.chunk_digests();
         self.send(peer, ReplicatorMessage::Status { chunks });
     }

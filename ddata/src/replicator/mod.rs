@@ -851,10 +851,24 @@ impl Replicator {
     }
 
     fn on_membership(&mut self, time: Time, view: &MembershipView) {
+        let before: BTreeSet<UniqueAddress> = self.members.receivers().cloned().collect();
         let removed = self.members.update(&self.self_node, view, time.now);
         for node in removed {
             self.incoming_delta_seq.retain(|(from, _), _| from != &node);
             self.pruning_pending.insert(node);
+        }
+        // A new member starts an anti-entropy exchange with everyone at once instead of
+        // waiting for random gossip rounds to pick it: it fills up right after joining.
+        let joined: Vec<UniqueAddress> = self
+            .members
+            .receivers()
+            .filter(|n| !before.contains(*n))
+            .cloned()
+            .collect();
+        if !self.store.is_empty() {
+            for node in joined {
+                self.send_status(&node);
+            }
         }
     }
 

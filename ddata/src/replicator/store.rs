@@ -97,6 +97,11 @@ impl Store {
         self.len
     }
 
+    /// Whether no key is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Every key with its envelope, in chunk order.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &DataEnvelope)> {
         self.chunks
