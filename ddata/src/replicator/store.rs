@@ -79,13 +79,19 @@ impl Store {
             return;
         };
         chunk.digest = None;
-        let stored = Stored {
-            envelope,
-            digest: None,
-        };
-        if chunk.entries.insert(key.to_string(), stored).is_none() {
-            self.len += 1;
+        if let Some(stored) = chunk.entries.get_mut(key) {
+            stored.envelope = envelope;
+            stored.digest = None;
+            return;
         }
+        chunk.entries.insert(
+            key.to_string(),
+            Stored {
+                envelope,
+                digest: None,
+            },
+        );
+        self.len += 1;
     }
 
     fn chunk(&self, key: &str) -> Option<&Chunk> {
