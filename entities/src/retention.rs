@@ -22,9 +22,11 @@ pub struct Retention {
 /// Retention after a snapshot at `sequence_nr`, with snapshots every `every` events and
 /// `keep` kept (Akka's keep-N: the snapshots of the last `keep` multiples of `every`).
 ///
-/// Snapshots are taken at the first sequence number at or after each multiple, so the kept
-/// ones are those at or above `(m - keep + 1) * every`, where `m = sequence_nr / every`;
-/// everything below that boundary goes. `None` while fewer than `keep` multiples have passed
+/// Snapshots are taken at or after each multiple (a snapshot that comes due while the previous
+/// one is still being saved is taken when that finishes, of the state then), and never two
+/// within one multiple; so keeping those at or above `(m - keep + 1) * every`, where
+/// `m = sequence_nr / every`, keeps at most `keep`, the newest included. Everything below that
+/// boundary goes. `None` while fewer than `keep` multiples have passed
 /// or when snapshots are off.
 pub fn retention(sequence_nr: u64, every: u64, keep: u64) -> Option<Retention> {
     if every == 0 || keep == 0 {

@@ -513,6 +513,7 @@ pub fn pid(id: &str) -> String {
 pub struct Fixture {
     pub journal: Arc<MemoryJournal>,
     pub snapshots: Arc<MemorySnapshots>,
+    hosts: std::sync::atomic::AtomicU64,
 }
 
 impl Fixture {
@@ -520,11 +521,18 @@ impl Fixture {
         Fixture {
             journal: MemoryJournal::new(),
             snapshots: MemorySnapshots::new(),
+            hosts: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     /// A host of `tally` on the fixture's stores (a restart is a new host on the same stores).
+    /// Each host gets its own node id, as each node incarnation does.
     pub fn host(&self, config: EntityConfig) -> EntityHost<Tally> {
+        let n = self.hosts.fetch_add(1, Ordering::SeqCst);
+        let config = EntityConfig {
+            node_id: format!("host{n}"),
+            ..config
+        };
         EntityHost::start(
             Tally,
             Arc::new(SharedJournal(self.journal.clone())),
