@@ -117,6 +117,15 @@ pub struct NodeArgs {
     /// Level or filter; RUST_LOG overrides it [default: info] [env: TESSERA_LOG_LEVEL]
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Entity snapshot every N events, 0 = never [default: 100] [env: TESSERA_SNAPSHOT_EVERY]
+    #[arg(long, value_name = "N")]
+    pub snapshot_every: Option<String>,
+    /// Passivate entities idle this long, 0s = never [default: 2m] [env: TESSERA_PASSIVATE_AFTER]
+    #[arg(long, value_name = "DURATION")]
+    pub passivate_after: Option<String>,
+    /// Time an entity command waits for its reply [default: 5s] [env: TESSERA_ENTITY_ASK_TIMEOUT]
+    #[arg(long, value_name = "DURATION")]
+    pub entity_ask_timeout: Option<String>,
 }
 
 impl NodeArgs {
@@ -148,6 +157,9 @@ impl NodeArgs {
             app_version: self.app_version.clone(),
             log_format: self.log_format.clone(),
             log_level: self.log_level.clone(),
+            snapshot_every: self.snapshot_every.as_deref().map(Into::into),
+            passivate_after: self.passivate_after.as_deref().map(Into::into),
+            entity_ask_timeout: self.entity_ask_timeout.as_deref().map(Into::into),
         }
     }
 
@@ -274,6 +286,12 @@ mod tests {
             "json",
             "--cluster-secret",
             "0123456789abcdef",
+            "--snapshot-every",
+            "250",
+            "--passivate-after",
+            "30s",
+            "--entity-ask-timeout",
+            "1s",
         ]);
         let config = args.to_config_with_env(no_env()).unwrap();
         assert_eq!(config.host, "127.0.0.2");
@@ -290,6 +308,9 @@ mod tests {
             DowningStrategy::StaticQuorum { quorum_size: 2 }
         );
         assert!(config.cluster_secret.is_some());
+        assert_eq!(config.snapshot_every, 250);
+        assert_eq!(config.passivate_after, Duration::from_secs(30));
+        assert_eq!(config.entity_ask_timeout, Duration::from_secs(1));
     }
 
     #[test]
@@ -382,6 +403,9 @@ mod tests {
             format!("[default: {}]", d.max_frame_size),
             format!("[default: {}]", d.log_format),
             format!("[default: {}]", d.log_level),
+            format!("[default: {}]", d.snapshot_every),
+            format!("[default: {}]", dur(d.passivate_after)),
+            format!("[default: {}]", dur(d.entity_ask_timeout)),
         ] {
             assert!(help.contains(&expected), "{expected} missing from:\n{help}");
         }

@@ -5,6 +5,7 @@
 //! `{"error": "..."}` with a fitting status, including axum's own rejections, unknown routes and
 //! wrong methods.
 
+pub mod entities;
 mod health;
 mod members;
 mod metrics;
