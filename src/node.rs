@@ -221,7 +221,7 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
     )?);
     let entities = Arc::new(entities);
     let http_bind = format!("{}:{}", config.http_host, config.http_port);
-    let listener = tokio::net::TcpListener::bind(&http_bind)
+    let listener = bind_http(&http_bind)
         .await
         .map_err(|source| NodeError::HttpBind {
             address: http_bind.clone(),
@@ -256,6 +256,30 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         http_shutdown,
         http_task,
     })
+}
+
+/// Connections the HTTP listener queues before accepting them (Linux caps it at
+/// `net.core.somaxconn`). Bursts of a thousand clients, as entity commands bring, overflow
+/// tokio's default of 1,024 on a busy machine and get their connections reset.
+pub const HTTP_LISTEN_BACKLOG: u32 = 4_096;
+
+/// Binds the HTTP API's listener on `address` (`host:port`) with [`HTTP_LISTEN_BACKLOG`].
+async fn bind_http(address: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last_error = None;
+    for resolved in tokio::net::lookup_host(address).await? {
+        let socket = if resolved.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(resolved) {
+            Ok(()) => return socket.listen(HTTP_LISTEN_BACKLOG),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error
+        .unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address to bind")))
 }
 
 /// Runs a node until SIGINT/SIGTERM (then leaves gracefully) or until the cluster ends its
