@@ -193,6 +193,8 @@ pub enum BenchCommand {
     Cluster(BenchClusterArgs),
     /// Journal write and replay throughput against raw RocksDB.
     Journal(BenchJournalArgs),
+    /// Entity command throughput, recovery time and memory against the raw journal.
+    Entities(BenchEntitiesArgs),
 }
 
 /// Flags of `tessera bench cluster`.
@@ -214,6 +216,21 @@ pub struct BenchJournalArgs {
     #[arg(long)]
     pub json: bool,
     /// A tenth of the data and one-second phases, for a quick look.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for the benchmark's databases (created, then removed) [default: a fresh
+    /// directory in the system temp dir]. Put it on the disk you want to measure.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// Flags of `tessera bench entities`.
+#[derive(Debug, Args)]
+pub struct BenchEntitiesArgs {
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// A tenth of the sizes and short phases, for a quick look.
     #[arg(long)]
     pub quick: bool,
     /// Directory for the benchmark's databases (created, then removed) [default: a fresh
@@ -449,5 +466,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(Cli::try_parse_from(["tessera", "bench"]).is_err());
+    }
+
+    #[test]
+    fn bench_entities_flags() {
+        match parse(&["bench", "entities", "--quick", "--dir", "/tmp/b"]).command {
+            Command::Bench(BenchCommand::Entities(a)) => {
+                assert!(a.quick && !a.json);
+                assert_eq!(a.dir, Some(PathBuf::from("/tmp/b")));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! JSON object per row.
 
 pub mod cluster;
+pub mod entities;
 pub mod journal;
 
 use serde::Serialize;
