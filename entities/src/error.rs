@@ -26,6 +26,12 @@ pub enum EntityError {
          to finish); retry later"
     )]
     StashFull { entity: String, capacity: usize },
+    /// The journal's write queue was full: nothing was written, the entity carries on.
+    /// Retry later.
+    #[error(
+        "the journal is overloaded ({capacity} writes queued); {entity} wrote nothing, retry later"
+    )]
+    JournalBusy { entity: String, capacity: usize },
     /// No reply within the ask timeout. The command may still be carried out.
     #[error("{entity} did not reply within {timeout:?}; the command may still take effect")]
     Timeout { entity: String, timeout: Duration },
@@ -56,6 +62,7 @@ impl EntityError {
             EntityError::HostBusy { .. }
                 | EntityError::MailboxFull { .. }
                 | EntityError::StashFull { .. }
+                | EntityError::JournalBusy { .. }
                 | EntityError::Timeout { .. }
         )
     }

@@ -420,9 +420,10 @@ impl<E: EntityType, R> EntityMachine<E, R> {
 
     /// The outcome of the write in flight. On success the events are applied, the caller
     /// gets the reply computed from the new state, a snapshot may be due, and stashed commands
-    /// run. On failure the caller and every stashed command get the error and the entity
-    /// stops: whether the write reached the disk is unknown, so only a new recovery knows the
-    /// true state.
+    /// run. A full journal queue wrote nothing: the caller gets
+    /// [`EntityError::JournalBusy`] and the entity carries on. On any other failure the caller
+    /// and every stashed command get the error and the entity stops: whether the write reached
+    /// the disk is unknown, so only a new recovery knows the true state.
     pub fn persisted(
         &mut self,
         result: Result<(), JournalError>,
@@ -457,6 +458,17 @@ impl<E: EntityType, R> EntityMachine<E, R> {
                 } else {
                     self.unstash(now_ms, out);
                 }
+            }
+            Err(JournalError::QueueFull { capacity }) => {
+                out.push(Action::Reply {
+                    to: reply_to,
+                    result: Err(EntityError::JournalBusy {
+                        entity: self.entity_error_context(),
+                        capacity,
+                    }
+                    .into()),
+                });
+                self.unstash(now_ms, out);
             }
             Err(e) => {
                 tracing::warn!(entity = %self.persistence_id, error = %e, "persist failed; stopping");

@@ -481,3 +481,22 @@ async fn invalid_ids_are_refused_before_anything_is_sent() {
     assert!(host.entity_ref(&long).is_err());
     assert_eq!(host.stats().incarnations_started, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_journal_queue_fails_only_that_command() {
+    let fixture = Fixture::new();
+    let host = fixture.host(config());
+    assert_eq!(host.ask("a", TallyCommand::Add(1)).await, Ok(1));
+    fixture.journal.queue_full.store(true, Ordering::SeqCst);
+    match host.ask("a", TallyCommand::Add(1)).await {
+        Err(AskError::Entity(e @ EntityError::JournalBusy { .. })) => assert!(e.is_overload()),
+        other => panic!("expected JournalBusy, got {other:?}"),
+    }
+    fixture.journal.queue_full.store(false, Ordering::SeqCst);
+    assert_eq!(host.ask("a", TallyCommand::Add(1)).await, Ok(2));
+    assert_eq!(
+        fixture.journal.replays().len(),
+        1,
+        "the entity did not stop and recover"
+    );
+}

@@ -58,6 +58,7 @@ impl From<JsonAskError> for ApiError {
                 EntityError::HostBusy { .. }
                 | EntityError::MailboxFull { .. }
                 | EntityError::StashFull { .. }
+                | EntityError::JournalBusy { .. }
                 | EntityError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
                 EntityError::RecoveryFailed { .. }
                 | EntityError::PersistFailed { .. }

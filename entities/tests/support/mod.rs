@@ -65,6 +65,8 @@ pub struct MemoryJournal {
     pub append_gate: Gate,
     pub fail_appends: AtomicBool,
     pub fail_replays: AtomicBool,
+    /// Appends fail with `QueueFull` (nothing written).
+    pub queue_full: AtomicBool,
 }
 
 impl Default for MemoryJournal {
@@ -76,6 +78,7 @@ impl Default for MemoryJournal {
             append_gate: Gate::open(),
             fail_appends: AtomicBool::new(false),
             fail_replays: AtomicBool::new(false),
+            queue_full: AtomicBool::new(false),
         }
     }
 }
@@ -190,6 +193,9 @@ impl Journal for SharedJournal {
         let journal = self.0.clone();
         async move {
             journal.append_gate.wait().await;
+            if journal.queue_full.load(Ordering::SeqCst) {
+                return Err(JournalError::QueueFull { capacity: 1 });
+            }
             if journal.fail_appends.load(Ordering::SeqCst) {
                 return Err(JournalError::Storage("injected append failure".into()));
             }
