@@ -120,6 +120,15 @@ pub struct NodeArgs {
     /// Distributed Data keys stored on disk, comma-separated; a trailing * matches a prefix [default: none] [env: TESSERA_DURABLE_KEYS]
     #[arg(long, value_name = "KEYS", value_delimiter = ',')]
     pub durable_keys: Vec<String>,
+    /// Entity snapshot every N events, 0 = never [default: 100] [env: TESSERA_SNAPSHOT_EVERY]
+    #[arg(long, value_name = "N")]
+    pub snapshot_every: Option<String>,
+    /// Passivate entities idle this long, 0s = never [default: 2m] [env: TESSERA_PASSIVATE_AFTER]
+    #[arg(long, value_name = "DURATION")]
+    pub passivate_after: Option<String>,
+    /// Time an entity command waits for its reply [default: 5s] [env: TESSERA_ENTITY_ASK_TIMEOUT]
+    #[arg(long, value_name = "DURATION")]
+    pub entity_ask_timeout: Option<String>,
 }
 
 impl NodeArgs {
@@ -152,6 +161,9 @@ impl NodeArgs {
             log_format: self.log_format.clone(),
             log_level: self.log_level.clone(),
             durable_keys: list(&self.durable_keys),
+            snapshot_every: self.snapshot_every.as_deref().map(Into::into),
+            passivate_after: self.passivate_after.as_deref().map(Into::into),
+            entity_ask_timeout: self.entity_ask_timeout.as_deref().map(Into::into),
         }
     }
 
@@ -187,6 +199,8 @@ pub enum BenchCommand {
     Journal(BenchJournalArgs),
     /// Distributed Data latency, catch-up of a new node and idle gossip on 3 nodes.
     Ddata(BenchDdataArgs),
+    /// Entity command throughput, recovery time and memory against the raw journal.
+    Entities(BenchEntitiesArgs),
 }
 
 /// Flags of `tessera bench ddata`.
@@ -219,6 +233,21 @@ pub struct BenchJournalArgs {
     #[arg(long)]
     pub json: bool,
     /// A tenth of the data and one-second phases, for a quick look.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for the benchmark's databases (created, then removed) [default: a fresh
+    /// directory in the system temp dir]. Put it on the disk you want to measure.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// Flags of `tessera bench entities`.
+#[derive(Debug, Args)]
+pub struct BenchEntitiesArgs {
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// A tenth of the sizes and short phases, for a quick look.
     #[arg(long)]
     pub quick: bool,
     /// Directory for the benchmark's databases (created, then removed) [default: a fresh
@@ -291,6 +320,12 @@ mod tests {
             "json",
             "--cluster-secret",
             "0123456789abcdef",
+            "--snapshot-every",
+            "250",
+            "--passivate-after",
+            "30s",
+            "--entity-ask-timeout",
+            "1s",
         ]);
         let config = args.to_config_with_env(no_env()).unwrap();
         assert_eq!(config.host, "127.0.0.2");
@@ -307,6 +342,9 @@ mod tests {
             DowningStrategy::StaticQuorum { quorum_size: 2 }
         );
         assert!(config.cluster_secret.is_some());
+        assert_eq!(config.snapshot_every, 250);
+        assert_eq!(config.passivate_after, Duration::from_secs(30));
+        assert_eq!(config.entity_ask_timeout, Duration::from_secs(1));
     }
 
     #[test]
@@ -399,6 +437,9 @@ mod tests {
             format!("[default: {}]", d.max_frame_size),
             format!("[default: {}]", d.log_format),
             format!("[default: {}]", d.log_level),
+            format!("[default: {}]", d.snapshot_every),
+            format!("[default: {}]", dur(d.passivate_after)),
+            format!("[default: {}]", dur(d.entity_ask_timeout)),
         ] {
             assert!(help.contains(&expected), "{expected} missing from:\n{help}");
         }
@@ -442,5 +483,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(Cli::try_parse_from(["tessera", "bench"]).is_err());
+    }
+
+    #[test]
+    fn bench_entities_flags() {
+        match parse(&["bench", "entities", "--quick", "--dir", "/tmp/b"]).command {
+            Command::Bench(BenchCommand::Entities(a)) => {
+                assert!(a.quick && !a.json);
+                assert_eq!(a.dir, Some(PathBuf::from("/tmp/b")));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -18,7 +18,7 @@ use tessera_cluster::Address;
 /// Every configuration key, as written in the TOML file; the environment variable is
 /// `TESSERA_` followed by the key in upper case, the flag is the key with `-` for `_`
 /// (except `seed_nodes`, whose flag is the repeatable `--seed`).
-pub const KEYS: [&str; 25] = [
+pub const KEYS: [&str; 28] = [
     "host",
     "port",
     "http_host",
@@ -44,6 +44,9 @@ pub const KEYS: [&str; 25] = [
     "log_format",
     "log_level",
     "durable_keys",
+    "snapshot_every",
+    "passivate_after",
+    "entity_ask_timeout",
 ];
 
 /// Environment variable naming the config file when `--config` is not given.
@@ -52,6 +55,10 @@ pub const CONFIG_FILE_ENV: &str = "TESSERA_CONFIG";
 /// Smallest and largest accepted `max_frame_size`: a frame must hold a full gossip state, and
 /// one peer must not be able to make us buffer more than this per frame.
 pub const MAX_FRAME_SIZE_RANGE: (u64, u64) = (1024, 1 << 30);
+
+/// Largest accepted `snapshot_every`: beyond it recovery replays so many events that a
+/// snapshot hardly helps.
+pub const MAX_SNAPSHOT_EVERY: u64 = 1_000_000;
 
 /// A validated node configuration. Build it with [`NodeConfig::load`] (all sources) or
 /// [`NodeConfig::from_layer`]; `Default` gives the documented defaults.
@@ -104,6 +111,12 @@ pub struct NodeConfig {
     /// Distributed Data keys written to disk before an update is acknowledged and loaded at
     /// start: exact keys, or prefixes ending in `*`.
     pub durable_keys: Vec<String>,
+    /// Entities snapshot their state every this many events (0: never).
+    pub snapshot_every: u64,
+    /// Entities idle this long are passivated (stopped until their next command; 0: never).
+    pub passivate_after: Duration,
+    /// How long an entity command waits for its reply.
+    pub entity_ask_timeout: Duration,
 }
 
 impl Default for NodeConfig {
@@ -132,6 +145,11 @@ impl Default for NodeConfig {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             durable_keys: Vec::new(),
+            // Recovery then replays at most ~100 events after loading a snapshot, at the cost
+            // of one snapshot write per 100 events (Akka's usual choice).
+            snapshot_every: 100,
+            passivate_after: Duration::from_secs(120),
+            entity_ask_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -329,6 +347,9 @@ pub struct ConfigLayer {
     pub log_format: Option<String>,
     pub log_level: Option<String>,
     pub durable_keys: Option<Vec<String>>,
+    pub snapshot_every: Option<Scalar>,
+    pub passivate_after: Option<Scalar>,
+    pub entity_ask_timeout: Option<Scalar>,
 }
 
 impl ConfigLayer {
@@ -401,6 +422,9 @@ impl ConfigLayer {
             "log_format" => self.log_format = text(),
             "log_level" => self.log_level = text(),
             "durable_keys" => self.durable_keys = Some(split_list(&value)),
+            "snapshot_every" => self.snapshot_every = scalar(),
+            "passivate_after" => self.passivate_after = scalar(),
+            "entity_ask_timeout" => self.entity_ask_timeout = scalar(),
             _ => return false,
         }
         true
@@ -439,6 +463,9 @@ impl ConfigLayer {
             log_format: over.log_format.or(self.log_format),
             log_level: over.log_level.or(self.log_level),
             durable_keys: over.durable_keys.or(self.durable_keys),
+            snapshot_every: over.snapshot_every.or(self.snapshot_every),
+            passivate_after: over.passivate_after.or(self.passivate_after),
+            entity_ask_timeout: over.entity_ask_timeout.or(self.entity_ask_timeout),
         }
     }
 }
@@ -649,6 +676,18 @@ impl NodeConfig {
                     .collect::<Result<_, _>>()?,
                 None => d.durable_keys,
             },
+            snapshot_every: opt(layer.snapshot_every, "snapshot_every", |k, v| {
+                parse_int(k, v, 0, MAX_SNAPSHOT_EVERY)
+            })?
+            .unwrap_or(d.snapshot_every),
+            passivate_after: opt(layer.passivate_after, "passivate_after", parse_duration)?
+                .unwrap_or(d.passivate_after),
+            entity_ask_timeout: opt(
+                layer.entity_ask_timeout,
+                "entity_ask_timeout",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.entity_ask_timeout),
             host,
             http_host,
             cluster_secret,
@@ -1225,6 +1264,47 @@ mod tests {
         let debug = format!("{config:?}");
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(debug.contains("<redacted>"));
+    }
+
+    #[test]
+    fn entity_keys_are_read_and_checked() {
+        let config = from(&[
+            ("snapshot_every", "0"),
+            ("passivate_after", "0s"),
+            ("entity_ask_timeout", "250ms"),
+        ])
+        .unwrap();
+        assert_eq!(config.snapshot_every, 0, "0 turns snapshots off");
+        assert_eq!(
+            config.passivate_after,
+            Duration::ZERO,
+            "0 turns passivation off"
+        );
+        assert_eq!(config.entity_ask_timeout, Duration::from_millis(250));
+        let file = ConfigLayer::from_toml(
+            "snapshot_every = 500\npassivate_after = \"10m\"\n",
+            Path::new("f"),
+        )
+        .unwrap();
+        let config = NodeConfig::from_layer(file).unwrap();
+        assert_eq!(config.snapshot_every, 500);
+        assert_eq!(config.passivate_after, Duration::from_secs(600));
+        assert_eq!(
+            error(&[("snapshot_every", "2000000")]),
+            "snapshot_every = 2000000: must be between 0 and 1000000"
+        );
+        assert_eq!(
+            error(&[("snapshot_every", "often")]),
+            r#"invalid value "often" for snapshot_every: expected an integer"#
+        );
+        assert_eq!(
+            error(&[("entity_ask_timeout", "0s")]),
+            "entity_ask_timeout = 0s: must be greater than zero"
+        );
+        assert_eq!(
+            error(&[("passivate_after", "soon")]),
+            r#"invalid value "soon" for passivate_after: expected a duration like 2s or 500ms"#
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod entities;
 pub mod http;
 pub mod http_client;
 pub mod logging;

@@ -92,5 +92,23 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Bench(BenchCommand::Entities(args)) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            let dir = args.dir.unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("tessera-bench-entities-{}", std::process::id()))
+            });
+            let params = if args.quick {
+                tessera::bench::entities::EntitiesBenchParams::quick(dir)
+            } else {
+                tessera::bench::entities::EntitiesBenchParams::full(dir)
+            };
+            match tessera::bench::entities::run(params, args.json).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: bench entities failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }

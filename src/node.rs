@@ -1,7 +1,10 @@
-//! A tessera node: the cluster transport, the cluster protocols and the HTTP management API,
-//! wired from a [`NodeConfig`], running until a signal or the cluster ends its membership.
+//! A tessera node: the cluster transport, the cluster protocols, the entity hosts on the
+//! journal and snapshot store in `data_dir`, and the HTTP API, wired from a [`NodeConfig`],
+//! running until a signal or the cluster ends its membership.
 
 use crate::config::{DowningStrategy, NodeConfig};
+use crate::entities::EntityTypes;
+use crate::entities::account::Account;
 use crate::http::{
     self, ClusterControl, ControlError, MemberView, MembersView, NodeMetrics, RefusedConnections,
 };
@@ -18,11 +21,18 @@ use tessera_cluster::transport::{TcpTransport, Transport, TransportConfig, Trans
 use tessera_cluster::{Address, MemberStatus};
 use tessera_ddata::node::{ReplicatorHandle, ReplicatorSettings, ReplicatorStartError};
 use tessera_ddata::replicator::ReplicatorConfig;
+use tessera_entities::{EntityConfig, EntityHost, InvalidConfig};
+use tessera_journal::{FsyncPolicy, JournalConfig, JournalError, RocksJournal};
+use tessera_snapshot::{RocksSnapshotStore, SnapshotConfig, SnapshotError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// How long a node waits for its graceful leave to complete before it exits anyway.
 pub const LEAVE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long a stopping node waits for its entities to finish the commands they accepted
+/// before it closes the journal anyway.
+pub const ENTITY_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Exit status of a node that was downed (by an operator or the split-brain resolver), so
 /// that a supervisor can tell it from a clean leave (0).
@@ -42,6 +52,12 @@ pub enum NodeError {
         address: String,
         source: std::io::Error,
     },
+    #[error("cannot open the journal in {path}: {source}")]
+    Journal { path: String, source: JournalError },
+    #[error("cannot open the snapshot store in {path}: {source}")]
+    Snapshots { path: String, source: SnapshotError },
+    #[error("entities: {0}")]
+    Entities(#[from] InvalidConfig),
 }
 
 /// A started node.
@@ -52,6 +68,9 @@ pub struct RunningNode {
     pub replicator: ReplicatorHandle,
     /// Where the HTTP API listens (the real port when 0 was configured).
     pub http_address: SocketAddr,
+    /// The entity types this node hosts.
+    pub entities: Arc<EntityTypes>,
+    journal: Arc<RocksJournal>,
     http_shutdown: watch::Sender<bool>,
     http_task: JoinHandle<()>,
 }
@@ -76,10 +95,27 @@ impl RunningNode {
     }
 
     async fn stop(self) {
-        self.replicator.stop().await;
-        self.transport.shutdown();
+        // HTTP first, so no request is cut off by the services it uses stopping under it.
         let _ = self.http_shutdown.send(true);
         let _ = self.http_task.await;
+        self.replicator.stop().await;
+        self.transport.shutdown();
+        // No more HTTP requests: let the entities finish what they accepted, then release the
+        // journal (its writer finishes the queued writes) so the store closes cleanly.
+        if tokio::time::timeout(ENTITY_SHUTDOWN_TIMEOUT, self.entities.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                timeout = ?ENTITY_SHUTDOWN_TIMEOUT,
+                "entities did not stop in time; closing the journal anyway"
+            );
+        }
+        drop(self.entities);
+        match Arc::try_unwrap(self.journal) {
+            Ok(journal) => journal.close().await,
+            Err(_) => tracing::warn!("the journal is still in use; it closes when released"),
+        }
     }
 }
 
@@ -141,6 +177,43 @@ pub fn replicator_settings(config: &NodeConfig) -> ReplicatorSettings {
     }
 }
 
+/// The entity host settings a node configuration implies; `node_id` names this node
+/// incarnation in the events it writes.
+pub fn entity_config(config: &NodeConfig, node_id: String) -> EntityConfig {
+    EntityConfig {
+        snapshot_every: config.snapshot_every,
+        passivate_after: (!config.passivate_after.is_zero()).then_some(config.passivate_after),
+        ask_timeout: config.entity_ask_timeout,
+        node_id,
+        ..EntityConfig::default()
+    }
+}
+
+/// Opens the journal (`<data_dir>/journal`) and snapshot store (`<data_dir>/snapshots`),
+/// both fsyncing every acknowledged write.
+async fn open_stores(
+    config: &NodeConfig,
+) -> Result<(Arc<RocksJournal>, Arc<RocksSnapshotStore>), NodeError> {
+    let journal_path = config.data_dir.join("journal");
+    let mut journal_config = JournalConfig::new(&journal_path);
+    journal_config.fsync = FsyncPolicy::Always;
+    let journal =
+        RocksJournal::open(journal_config)
+            .await
+            .map_err(|source| NodeError::Journal {
+                path: journal_path.display().to_string(),
+                source,
+            })?;
+    let snapshots_path = config.data_dir.join("snapshots");
+    let snapshots = RocksSnapshotStore::open(SnapshotConfig::new(&snapshots_path))
+        .await
+        .map_err(|source| NodeError::Snapshots {
+            path: snapshots_path.display().to_string(),
+            source,
+        })?;
+    Ok((Arc::new(journal), Arc::new(snapshots)))
+}
+
 /// The transport settings a node configuration implies.
 pub fn transport_config(config: &NodeConfig) -> TransportConfig {
     TransportConfig {
@@ -157,6 +230,7 @@ pub fn transport_config(config: &NodeConfig) -> TransportConfig {
 /// Binds the transport and the HTTP API and starts the cluster protocols (joining through the
 /// seed nodes, if configured).
 pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
+    let (journal, snapshots) = open_stores(config).await?;
     let transport = TcpTransport::bind(transport_config(config), rand::random()).await?;
     let cluster = tessera_cluster::node::start(transport.clone(), cluster_core_config(config))?;
     let replicator = tessera_ddata::node::start(
@@ -165,8 +239,16 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         replicator_settings(config),
     )
     .await?;
+    let mut entities = EntityTypes::new();
+    entities.register(EntityHost::start(
+        Account,
+        journal.clone(),
+        snapshots,
+        entity_config(config, cluster.self_node().to_string()),
+    )?);
+    let entities = Arc::new(entities);
     let http_bind = format!("{}:{}", config.http_host, config.http_port);
-    let listener = tokio::net::TcpListener::bind(&http_bind)
+    let listener = bind_http(&http_bind)
         .await
         .map_err(|source| NodeError::HttpBind {
             address: http_bind.clone(),
@@ -184,7 +266,9 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         replicator: replicator.clone(),
     });
     let (http_shutdown, mut shutdown_rx) = watch::channel(false);
-    let router = http::router(control, http::ddata::router(replicator.clone()));
+    let services =
+        http::ddata::router(replicator.clone()).merge(http::entities::router(entities.clone()));
+    let router = http::router(control, services);
     let http_task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = shutdown_rx.wait_for(|stop| *stop).await;
@@ -198,9 +282,35 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         transport,
         replicator,
         http_address,
+        entities,
+        journal,
         http_shutdown,
         http_task,
     })
+}
+
+/// Connections the HTTP listener queues before accepting them (Linux caps it at
+/// `net.core.somaxconn`). Bursts of a thousand clients, as entity commands bring, overflow
+/// tokio's default of 1,024 on a busy machine and get their connections reset.
+pub const HTTP_LISTEN_BACKLOG: u32 = 4_096;
+
+/// Binds the HTTP API's listener on `address` (`host:port`) with [`HTTP_LISTEN_BACKLOG`].
+async fn bind_http(address: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last_error = None;
+    for resolved in tokio::net::lookup_host(address).await? {
+        let socket = if resolved.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(resolved) {
+            Ok(()) => return socket.listen(HTTP_LISTEN_BACKLOG),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error
+        .unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address to bind")))
 }
 
 /// Runs a node until SIGINT/SIGTERM (then leaves gracefully) or until the cluster ends its

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod ddata;
+pub mod entities;
 pub mod journal;
 
 use serde::Serialize;

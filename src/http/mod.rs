@@ -6,6 +6,7 @@
 //! wrong methods.
 
 pub mod ddata;
+pub mod entities;
 mod health;
 mod members;
 mod metrics;

@@ -1,0 +1,81 @@
+//! What a caller of an entity can get back instead of a reply.
+
+use std::time::Duration;
+
+/// Why a command got no reply from the entity's handler. Cloneable: one failure (a recovery
+/// that failed) reaches every caller that was waiting for it.
+///
+/// `entity` fields hold the persistence id (`account|alice`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntityError {
+    /// The entity id is empty, too long or contains control characters.
+    #[error("invalid entity id {id:?}: {reason}")]
+    InvalidId { id: String, reason: String },
+    /// The host shard's queue is full. Nothing was delivered; retry later.
+    #[error(
+        "the entity host is overloaded ({capacity} commands queued for {entity}'s shard); retry later"
+    )]
+    HostBusy { entity: String, capacity: usize },
+    /// The entity's mailbox is full. Nothing was delivered; retry later.
+    #[error("the mailbox of {entity} is full ({capacity} commands waiting); retry later")]
+    MailboxFull { entity: String, capacity: usize },
+    /// The entity is recovering or persisting and its stash of waiting commands is full.
+    /// Nothing was done; retry later.
+    #[error(
+        "the stash of {entity} is full ({capacity} commands waiting for recovery or a write \
+         to finish); retry later"
+    )]
+    StashFull { entity: String, capacity: usize },
+    /// The journal's write queue was full: nothing was written, the entity carries on.
+    /// Retry later.
+    #[error(
+        "the journal is overloaded ({capacity} writes queued); {entity} wrote nothing, retry later"
+    )]
+    JournalBusy { entity: String, capacity: usize },
+    /// No reply within the ask timeout. The command may still be carried out.
+    #[error("{entity} did not reply within {timeout:?}; the command may still take effect")]
+    Timeout { entity: String, timeout: Duration },
+    /// The entity could not rebuild its state (journal or snapshot store error, corrupt or
+    /// unknown data). It stopped; the next command tries again.
+    #[error("recovery of {entity} failed: {reason}")]
+    RecoveryFailed { entity: String, reason: String },
+    /// Storing the command's events failed; whether they were stored is unknown. The entity
+    /// stopped and recovers from the store on its next command.
+    #[error("persisting the events of {entity} failed: {reason}; the entity stopped")]
+    PersistFailed { entity: String, reason: String },
+    /// An event produced by the command could not be encoded; nothing was persisted.
+    #[error("cannot encode an event of {entity}: {reason}")]
+    Encode { entity: String, reason: String },
+    /// The entity stopped before replying (the host shut down, or a handler panicked).
+    #[error("{entity} stopped before replying")]
+    Stopped { entity: String },
+    /// The host is shutting down and takes no more commands.
+    #[error("the entity host is shutting down")]
+    ShuttingDown,
+}
+
+impl EntityError {
+    /// True for the errors that mean "busy, try again": full queues and the ask timeout.
+    pub fn is_overload(&self) -> bool {
+        matches!(
+            self,
+            EntityError::HostBusy { .. }
+                | EntityError::MailboxFull { .. }
+                | EntityError::StashFull { .. }
+                | EntityError::JournalBusy { .. }
+                | EntityError::Timeout { .. }
+        )
+    }
+}
+
+/// The outcome of an ask that did not produce a reply: the entity's own rejection, or a
+/// runtime error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError<R> {
+    /// The command handler refused the command; nothing was persisted.
+    #[error("{0}")]
+    Rejected(R),
+    /// The runtime could not get a reply from the handler.
+    #[error(transparent)]
+    Entity(#[from] EntityError),
+}

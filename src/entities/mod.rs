@@ -1,0 +1,6 @@
+//! The entity types this node hosts, and the JSON face the HTTP API talks to.
+
+pub mod account;
+mod registry;
+
+pub use registry::{EntityTypes, JsonAskError, JsonEntityType};
