@@ -2,10 +2,12 @@
 //! (format version + blake3 checksum around a body) and the store-level format check done
 //! before a RocksDB directory is opened for writing.
 //!
-//! A sealed value is `[format version: u8][checksum: 16 bytes][body]`, where the checksum is
-//! the first 16 bytes of `blake3(format version || key || body)`. Hashing the key too means a
-//! record that ends up under the wrong key (a bug, or bytes altered in a key) is caught, not
-//! only a record whose body changed.
+//! A sealed value is `[checksum: 16 bytes][format version: u8][body]`, where the checksum is
+//! the first 16 bytes of blake3 in keyed mode over `format version || body`, keyed by the
+//! record's key (see [`hash_key`]). Binding the key means a record that ends up under the
+//! wrong key (a bug, or bytes altered in a key) is caught, not only a record whose body
+//! changed; doing it through the keyed mode rather than by hashing the key's bytes costs no
+//! extra compression, which is most of the verification cost of a small event.
 
 use std::path::{Path, PathBuf};
 
@@ -29,13 +31,27 @@ pub enum UnsealError {
     ChecksumMismatch,
 }
 
-fn checksum(version: u8, key: &[u8], body: &[u8]) -> [u8; CHECKSUM_LEN] {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&[version]);
-    hasher.update(key);
-    hasher.update(body);
+/// The 32-byte blake3 key of a record key: a key of up to 31 bytes is its length byte and
+/// its bytes, zero-padded (injective, and free); a longer key is hashed, with the first byte
+/// set to 0xff so the two forms never meet.
+fn hash_key(key: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    if key.len() < 32 {
+        out[0] = key.len() as u8;
+        out[1..=key.len()].copy_from_slice(key);
+    } else {
+        out = *blake3::hash(key).as_bytes();
+        out[0] = 0xff;
+    }
+    out
+}
+
+/// The checksum of `versioned_body` (the format version byte followed by the body) stored
+/// under `key`.
+fn checksum(key: &[u8], versioned_body: &[u8]) -> [u8; CHECKSUM_LEN] {
+    let hash = blake3::keyed_hash(&hash_key(key), versioned_body);
     let mut out = [0u8; CHECKSUM_LEN];
-    out.copy_from_slice(&hasher.finalize().as_bytes()[..CHECKSUM_LEN]);
+    out.copy_from_slice(&hash.as_bytes()[..CHECKSUM_LEN]);
     out
 }
 
@@ -54,9 +70,9 @@ pub fn seal_in_place(version: u8, key: &[u8], value: &mut [u8]) {
     if value.len() < SEAL_HEADER_LEN {
         return;
     }
-    let sum = checksum(version, key, &value[SEAL_HEADER_LEN..]);
-    value[0] = version;
-    value[1..SEAL_HEADER_LEN].copy_from_slice(&sum);
+    value[CHECKSUM_LEN] = version;
+    let sum = checksum(key, &value[CHECKSUM_LEN..]);
+    value[..CHECKSUM_LEN].copy_from_slice(&sum);
 }
 
 /// Verifies a sealed value read under `key` and returns its body and format version.
@@ -72,18 +88,17 @@ pub fn unseal<'v>(
             length_bytes: value.len(),
         });
     }
-    let version = value[0];
+    let version = value[CHECKSUM_LEN];
     if version > supported {
         return Err(UnsealError::NewerVersion {
             found: version,
             supported,
         });
     }
-    let body = &value[SEAL_HEADER_LEN..];
-    if checksum(version, key, body)[..] != value[1..SEAL_HEADER_LEN] {
+    if checksum(key, &value[CHECKSUM_LEN..])[..] != value[..CHECKSUM_LEN] {
         return Err(UnsealError::ChecksumMismatch);
     }
-    Ok((version, body))
+    Ok((version, &value[SEAL_HEADER_LEN..]))
 }
 
 /// Why a store directory cannot be opened with this release's format.
@@ -169,7 +184,7 @@ mod tests {
     #[test]
     fn altered_body_key_or_checksum_is_detected() {
         let sealed = seal(1, b"key", b"body");
-        for i in 1..sealed.len() {
+        for i in 0..sealed.len() {
             let mut altered = sealed.clone();
             altered[i] ^= 0x01;
             assert_eq!(
@@ -182,6 +197,20 @@ mod tests {
             unseal(1, b"kez", &sealed),
             Err(UnsealError::ChecksumMismatch)
         );
+    }
+
+    #[test]
+    fn keys_of_any_length_bind_the_checksum() {
+        for key in [&b""[..], b"k", b"k\0", &[7u8; 31], &[7u8; 32], &[7u8; 300]] {
+            let sealed = seal(1, key, b"body");
+            assert_eq!(unseal(1, key, &sealed), Ok((1, &b"body"[..])));
+            let mut other = key.to_vec();
+            other.push(0);
+            assert_eq!(
+                unseal(1, &other, &sealed),
+                Err(UnsealError::ChecksumMismatch)
+            );
+        }
     }
 
     #[test]
