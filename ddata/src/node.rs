@@ -12,7 +12,7 @@ use crate::replicator::{
 };
 use crate::value::ReplicatedValue;
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -313,6 +313,7 @@ pub async fn start<T: Transport>(
         counters: counters.clone(),
         pending: HashMap::new(),
         subscribers: HashMap::new(),
+        durable_failed: HashSet::new(),
         next_request: 1,
         next_subscriber: 1,
     };
@@ -329,8 +330,12 @@ struct Driver<T: Transport> {
     transport: Arc<T>,
     durable: Option<Arc<DurableStore>>,
     counters: Arc<ReplicatorCounters>,
-    pending: HashMap<RequestId, oneshot::Sender<Response>>,
-    subscribers: HashMap<SubscriberId, mpsc::Sender<Change>>,
+    /// Waiting requests, with the key of updates and deletes.
+    pending: HashMap<RequestId, (oneshot::Sender<Response>, Option<String>)>,
+    subscribers: HashMap<SubscriberId, (String, mpsc::Sender<Change>)>,
+    /// Durable keys whose last write to disk failed: no update of them is acknowledged as a
+    /// success until one is stored again.
+    durable_failed: HashSet<String>,
     next_request: RequestId,
     next_subscriber: SubscriberId,
 }
@@ -344,6 +349,8 @@ impl<T: Transport> Driver<T> {
     ) {
         let view = view_of(&membership.borrow_and_update());
         self.step(Input::Membership(view)).await;
+        // Once the cluster node stops, nothing changes any more: keep serving what is held.
+        let mut membership_open = true;
         loop {
             // Timers first: a busy command stream must not starve timeouts and gossip.
             if now() >= self.replicator.next_timer() {
@@ -356,16 +363,20 @@ impl<T: Transport> Driver<T> {
                     Some(DriverCommand::Request(command, reply)) => {
                         let id = self.next_request;
                         self.next_request += 1;
-                        self.pending.insert(id, reply);
+                        let key = match &command {
+                            Command::Update { key, .. } | Command::Delete { key, .. } => Some(key.clone()),
+                            _ => None,
+                        };
+                        self.pending.insert(id, (reply, key));
                         Input::Command { id, command }
                     }
                     Some(DriverCommand::Subscribe { key, changes, reply }) => {
                         let subscriber = self.next_subscriber;
                         self.next_subscriber += 1;
-                        self.subscribers.insert(subscriber, changes);
+                        self.subscribers.insert(subscriber, (key.clone(), changes));
                         let id = self.next_request;
                         self.next_request += 1;
-                        self.pending.insert(id, reply);
+                        self.pending.insert(id, (reply, None));
                         Input::Command { id, command: Command::Subscribe { key, subscriber } }
                     }
                     Some(DriverCommand::Stop(done)) => {
@@ -387,11 +398,10 @@ impl<T: Transport> Driver<T> {
                     },
                     None => return,
                 },
-                changed = membership.changed() => match changed {
+                changed = membership.changed(), if membership_open => match changed {
                     Ok(()) => Input::Membership(view_of(&membership.borrow_and_update())),
-                    // The cluster node stopped: nothing will change any more, keep serving.
                     Err(_) => {
-                        membership = watch::channel(ClusterSnapshot::default()).1;
+                        membership_open = false;
                         continue;
                     }
                 },
@@ -402,6 +412,9 @@ impl<T: Transport> Driver<T> {
     }
 
     async fn step(&mut self, input: Input) {
+        if matches!(input, Input::Tick) {
+            self.drop_closed_subscriptions();
+        }
         let time = Time {
             now: now(),
             wall_ms: wall_ms(),
@@ -426,6 +439,7 @@ impl<T: Transport> Driver<T> {
         let mut durable_error = None;
         if let (false, Some(store)) = (to_store.is_empty(), &self.durable) {
             let store = store.clone();
+            let keys: Vec<String> = to_store.iter().map(|(k, _)| k.clone()).collect();
             let result = tokio::task::spawn_blocking(move || store.store(&to_store)).await;
             let failure = match result {
                 Ok(Ok(())) => None,
@@ -438,6 +452,11 @@ impl<T: Transport> Driver<T> {
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, "durable store write failed; acknowledgements withheld");
                 durable_error = Some(e);
+                self.durable_failed.extend(keys);
+            } else {
+                for key in &keys {
+                    self.durable_failed.remove(key);
+                }
             }
         }
         for output in outputs {
@@ -465,7 +484,16 @@ impl<T: Transport> Driver<T> {
                     }
                 }
                 Output::Reply { id, response } => {
-                    let response = match (&durable_error, response) {
+                    let Some((reply, key)) = self.pending.remove(&id) else {
+                        continue;
+                    };
+                    // A write of this step, or of an earlier one (a quorum write is answered
+                    // steps after its local write), whose key did not reach the disk.
+                    let unstored = durable_error.clone().or_else(|| {
+                        key.filter(|k| self.durable_failed.contains(k))
+                            .map(|k| format!("the last write of {k} to the durable store failed"))
+                    });
+                    let response = match (unstored, response) {
                         (Some(e), Response::Update(UpdateResult::Success)) => {
                             Response::Update(UpdateResult::Failed(format!("durable store: {e}")))
                         }
@@ -474,9 +502,7 @@ impl<T: Transport> Driver<T> {
                         }
                         (_, response) => response,
                     };
-                    if let Some(reply) = self.pending.remove(&id) {
-                        let _ = reply.send(response);
-                    }
+                    let _ = reply.send(response);
                 }
                 Output::Changed {
                     subscriber,
@@ -488,34 +514,44 @@ impl<T: Transport> Driver<T> {
     }
 
     fn notify(&mut self, subscriber: SubscriberId, key: String, value: Option<ReplicatedValue>) {
-        let Some(changes) = self.subscribers.get(&subscriber) else {
+        let Some((_, changes)) = self.subscribers.get(&subscriber) else {
             return;
         };
-        match changes.try_send(Change {
-            key: key.clone(),
-            value,
-        }) {
+        match changes.try_send(Change { key, value }) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.counters
                     .dropped_notifications
                     .fetch_add(1, Ordering::Relaxed);
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                self.subscribers.remove(&subscriber);
-                let time = Time {
-                    now: now(),
-                    wall_ms: wall_ms(),
-                };
-                // Unsubscribing emits only a reply to a request id nobody waits for.
-                let _ = self.replicator.handle(
-                    time,
-                    Input::Command {
-                        id: 0,
-                        command: Command::Unsubscribe { key, subscriber },
-                    },
-                );
-            }
+            // Dropped subscriptions are swept on the next tick.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Unsubscribes the subscriptions whose receivers were dropped, so that quiet keys do not
+    /// keep them forever.
+    fn drop_closed_subscriptions(&mut self) {
+        let closed: Vec<(SubscriberId, String)> = self
+            .subscribers
+            .iter()
+            .filter(|(_, (_, changes))| changes.is_closed())
+            .map(|(id, (key, _))| (*id, key.clone()))
+            .collect();
+        for (subscriber, key) in closed {
+            self.subscribers.remove(&subscriber);
+            let time = Time {
+                now: now(),
+                wall_ms: wall_ms(),
+            };
+            // Unsubscribing emits only a reply to a request id nobody waits for.
+            let _ = self.replicator.handle(
+                time,
+                Input::Command {
+                    id: 0,
+                    command: Command::Unsubscribe { key, subscriber },
+                },
+            );
         }
     }
 }

@@ -437,10 +437,224 @@ fn a_late_copy_from_before_pruning_does_not_double_count() {
         .unwrap()
         .envelope("p")
         .unwrap()
-        .merge(&late_copy)
-        .unwrap();
+        .merge(&late_copy);
     match restored.data {
         Some(ReplicatedValue::PNCounter(c)) => assert_eq!(c.value(), 7),
         other => panic!("{other:?}"),
     }
+}
+
+fn single(
+    config: ReplicatorConfig,
+) -> (
+    tessera_ddata::replicator::Replicator,
+    tessera_ddata::replicator::Time,
+) {
+    let node = tessera_cluster::UniqueAddress::new(tessera_cluster::Address::new("h", 1), 1);
+    let now = std::time::Instant::now();
+    let mut replicator = tessera_ddata::replicator::Replicator::new(node.clone(), config, 1, now);
+    let time = tessera_ddata::replicator::Time { now, wall_ms: 0 };
+    let peer = tessera_cluster::UniqueAddress::new(tessera_cluster::Address::new("h", 2), 2);
+    replicator.handle(
+        time,
+        tessera_ddata::replicator::Input::Membership(MembershipView {
+            members: vec![(node, MemberStatus::Up), (peer, MemberStatus::Up)],
+            ..MembershipView::default()
+        }),
+    );
+    (replicator, time)
+}
+
+#[test]
+fn a_reply_to_an_earlier_incarnation_is_not_taken_for_an_answer() {
+    use tessera_ddata::replicator::{Input, ReplicatorMessage};
+    let (mut replicator, time) = single(quorum_only());
+    let outputs = replicator.handle(
+        time,
+        Input::Command {
+            id: 1,
+            command: Command::Get {
+                key: "y".into(),
+                consistency: MAJORITY_R,
+                timeout: TIMEOUT,
+            },
+        },
+    );
+    let Some(Output::Send {
+        message: ReplicatorMessage::Read {
+            op, incarnation, ..
+        },
+        ..
+    }) = outputs.first()
+    else {
+        panic!("{outputs:?}");
+    };
+    let peer = tessera_cluster::UniqueAddress::new(tessera_cluster::Address::new("h", 2), 2);
+    let stale = |incarnation, key: &str| Input::Message {
+        from: peer.clone(),
+        message: ReplicatorMessage::ReadResult {
+            op: *op,
+            incarnation,
+            key: key.into(),
+            envelope: Some(tessera_ddata::DataEnvelope::deleted()),
+        },
+    };
+    // Same operation number, another incarnation's request, or another key: ignored.
+    assert!(
+        replicator
+            .handle(time, stale(incarnation.wrapping_add(1), "y"))
+            .is_empty()
+    );
+    assert!(replicator.handle(time, stale(*incarnation, "x")).is_empty());
+    assert_eq!(replicator.pending_operations(), 1);
+    let answered = replicator.handle(time, stale(*incarnation, "y"));
+    assert!(
+        answered.iter().any(|o| matches!(
+            o,
+            Output::Reply {
+                id: 1,
+                response: Response::Get(GetResult::Deleted)
+            }
+        )),
+        "{answered:?}"
+    );
+}
+
+#[test]
+fn a_node_outside_any_cluster_refuses_quorum_operations() {
+    let node = tessera_cluster::UniqueAddress::new(tessera_cluster::Address::new("h", 1), 1);
+    let now = std::time::Instant::now();
+    let mut replicator = tessera_ddata::replicator::Replicator::new(node, quorum_only(), 1, now);
+    let time = tessera_ddata::replicator::Time { now, wall_ms: 0 };
+    let outputs = replicator.handle(
+        time,
+        tessera_ddata::replicator::Input::Command {
+            id: 7,
+            command: Command::Get {
+                key: "k".into(),
+                consistency: MAJORITY_R,
+                timeout: TIMEOUT,
+            },
+        },
+    );
+    assert!(
+        matches!(&outputs[..], [Output::Reply { id: 7, response: Response::Get(GetResult::Failed(reason)) }] if reason.contains("not a member")),
+        "{outputs:?}"
+    );
+}
+
+#[test]
+fn an_update_larger_than_max_value_bytes_is_refused() {
+    let config = ReplicatorConfig {
+        max_value_bytes: 200,
+        ..quorum_only()
+    };
+    let mut sim = sim(2, config, 1);
+    let mut last = UpdateResult::Success;
+    for i in 0..50 {
+        let id = add(
+            &mut sim,
+            0,
+            "big",
+            &format!("element-{i:04}"),
+            WriteConsistency::Local,
+        );
+        last = update_answer(&mut sim, 0, id);
+        if last != UpdateResult::Success {
+            break;
+        }
+    }
+    assert!(
+        matches!(&last, UpdateResult::Invalid(reason) if reason.contains("max_value_bytes")),
+        "{last:?}"
+    );
+}
+
+#[test]
+fn two_kinds_created_at_once_under_one_key_converge_everywhere() {
+    for seed in 0..20 {
+        let mut sim = sim(3, ReplicatorConfig::default(), seed);
+        sim.partition(&[0], &[1, 2]);
+        let id = increment(&mut sim, 0, "k", 1, WriteConsistency::Local);
+        assert_eq!(update_answer(&mut sim, 0, id), UpdateResult::Success);
+        let id = add(&mut sim, 1, "k", "x", WriteConsistency::Local);
+        assert_eq!(update_answer(&mut sim, 1, id), UpdateResult::Success);
+        sim.heal();
+        let converged = sim.run_until(Duration::from_secs(30), |s| {
+            let kinds: BTreeSet<_> = (0..3)
+                .map(|n| {
+                    s.envelope(n, "k")
+                        .and_then(|e| e.data.as_ref())
+                        .map(|v| v.kind())
+                })
+                .collect();
+            kinds.len() == 1 && !kinds.contains(&None)
+        });
+        assert!(converged, "seed {seed}: every replica holds the same kind");
+    }
+}
+
+#[test]
+fn a_leader_that_never_saw_a_node_leave_still_prunes_it() {
+    // Node 2 counts, then vanishes from the view while node 0 (the leader) is cut off: the
+    // leader learns of node 2 only from the data.
+    let mut sim = sim(3, prune_config(), 5);
+    let id = increment(&mut sim, 2, "p", 4, MAJORITY_W);
+    assert_eq!(update_answer(&mut sim, 2, id), UpdateResult::Success);
+    let removed = sim.address(2).clone();
+    sim.crash(2);
+    // A view without node 2 that never listed it as leaving: as after a leader restart.
+    let view = without(sim.membership(), &removed);
+    sim.set_membership(view);
+    let pruned = sim.run_until(Duration::from_secs(120), |s| {
+        (0..2).all(|n| {
+            s.envelope(n, "p")
+                .and_then(|e| e.data.as_ref())
+                .is_some_and(|v| !v.need_pruning_from(&removed))
+        })
+    });
+    assert!(pruned);
+    assert_eq!(local_counter(&sim, 1, "p"), Some(4));
+}
+
+#[test]
+fn a_new_leader_takes_over_an_unfinished_pruning() {
+    let mut sim = sim(4, prune_config(), 8);
+    let id = increment(&mut sim, 3, "p", 6, MAJORITY_W);
+    assert_eq!(update_answer(&mut sim, 3, id), UpdateResult::Success);
+    sim.run_for(Duration::from_secs(1));
+    let removed = sim.address(3).clone();
+    sim.crash(3);
+    // Node 1 cannot hear node 0: node 0's initialization never gets node 1's mark.
+    sim.partition(&[0], &[1]);
+    let view = without(sim.membership(), &removed);
+    sim.set_membership(view.clone());
+    let old_leader = sim.address(0).clone();
+    let started = sim.run_until(Duration::from_secs(60), |s| {
+        s.envelope(2, "p").is_some_and(|e| {
+            matches!(e.pruning.get(&removed),
+                Some(tessera_ddata::PruningState::Initialized { owner, .. }) if owner == &old_leader)
+        })
+    });
+    assert!(
+        started,
+        "node 0 started the pruning and node 2 holds its marker"
+    );
+    // Node 0 crashes; node 1 leads now and must finish the job on its own.
+    sim.crash(0);
+    sim.heal();
+    let mut view = without(&view, &old_leader);
+    view.leader = Some(sim.address(1).clone());
+    sim.set_membership(view);
+    let pruned = sim.run_until(Duration::from_secs(120), |s| {
+        (1..3).all(|n| {
+            s.envelope(n, "p")
+                .and_then(|e| e.data.as_ref())
+                .is_some_and(|v| {
+                    !v.need_pruning_from(&removed) && !v.need_pruning_from(&old_leader)
+                })
+        })
+    });
+    assert!(pruned, "the new leader prunes both removed nodes");
+    assert_eq!(local_counter(&sim, 2, "p"), Some(6));
 }

@@ -9,6 +9,9 @@
 //! 4. `Gossip`: the peer merges and sends back what was asked. When anything did not fit,
 //!    the exchange is marked `more` and the initiator starts the next round at once instead
 //!    of waiting a gossip interval, so a new node fills up at the speed of the network.
+//!
+//! A node runs at most one exchange it started per peer; an empty `ChunkKeys` (nothing
+//! differs) or the final `Gossip` ends it.
 
 use super::protocol::{ChunkKeyList, ReplicatorMessage};
 use super::{Replicator, Time};
@@ -20,17 +23,34 @@ use tessera_cluster::UniqueAddress;
 /// Bytes a key list entry costs besides the key: its digest and framing.
 const KEY_ENTRY_OVERHEAD_BYTES: usize = 20;
 
+/// How long an exchange this node started may go unanswered before another may start with
+/// the same peer, in gossip intervals.
+const EXCHANGE_TIMEOUT_INTERVALS: u32 = 5;
+
 impl Replicator {
-    /// Starts an anti-entropy round with a random member, preferring reachable ones.
-    pub(super) fn gossip_to_random_peer(&mut self) {
-        let reachable: Vec<UniqueAddress> = self
+    fn exchange_active(&self, time: Time, peer: &UniqueAddress) -> bool {
+        self.exchanges.get(peer).is_some_and(|started| {
+            time.now.saturating_duration_since(*started)
+                < self.config.gossip_interval * EXCHANGE_TIMEOUT_INTERVALS
+        })
+    }
+
+    /// Starts an anti-entropy round with a random member that has none running, preferring
+    /// reachable ones.
+    pub(super) fn gossip_to_random_peer(&mut self, time: Time) {
+        let idle: Vec<UniqueAddress> = self
             .members
             .receivers()
+            .filter(|n| !self.exchange_active(time, n))
+            .cloned()
+            .collect();
+        let reachable: Vec<UniqueAddress> = idle
+            .iter()
             .filter(|n| !self.members.unreachable.contains(*n))
             .cloned()
             .collect();
-        let candidates: Vec<UniqueAddress> = if reachable.is_empty() {
-            self.members.receivers().cloned().collect()
+        let candidates = if reachable.is_empty() {
+            idle
         } else {
             reachable
         };
@@ -38,15 +58,21 @@ impl Replicator {
             return;
         }
         let peer = candidates[self.rng.random_range(0..candidates.len())].clone();
-        self.send_status(&peer);
+        self.start_exchange(time, &peer);
     }
 
-    pub(super) fn send_status(&mut self, peer: &UniqueAddress) {
+    /// Starts an exchange with `peer` unless one is running: one at a time per peer, so that
+    /// gossip rounds and continuations never pile up.
+    pub(super) fn start_exchange(&mut self, time: Time, peer: &UniqueAddress) {
+        if self.exchange_active(time, peer) {
+            return;
+        }
+        self.exchanges.insert(peer.clone(), time.now);
         let chunks = self.store.chunk_digests();
         self.send(peer, ReplicatorMessage::Status { chunks });
     }
 
-    /// Step 2: list the keys of the chunks that differ.
+    /// Step 2: list the keys of the chunks that differ (an empty list ends the exchange).
     pub(super) fn on_status(&mut self, from: &UniqueAddress, theirs: Vec<(u16, u128)>) {
         let mine: HashMap<u16, u128> = self.store.chunk_digests().into_iter().collect();
         let theirs: HashMap<u16, u128> = theirs.into_iter().collect();
@@ -56,31 +82,30 @@ impl Replicator {
             .map(|(chunk, _)| *chunk)
             .chain(theirs.keys().filter(|c| !mine.contains_key(c)).copied())
             .collect();
-        if differing.is_empty() {
-            return;
-        }
-        // Start at a random differing chunk, so that repeated truncated rounds do not always
-        // list the same chunks first.
-        let differing: Vec<u16> = differing.into_iter().collect();
-        let start = self.rng.random_range(0..differing.len());
-        let mut budget = self.config.max_message_bytes;
         let mut lists = Vec::new();
         let mut more = false;
-        for chunk in differing[start..].iter().chain(&differing[..start]) {
-            let keys = self.store.chunk_keys(*chunk);
-            let size: usize = 8 + keys
-                .iter()
-                .map(|(k, _)| k.len() + KEY_ENTRY_OVERHEAD_BYTES)
-                .sum::<usize>();
-            if size > budget && !lists.is_empty() {
-                more = true;
-                break;
+        if !differing.is_empty() {
+            // Start at a random differing chunk, so that repeated truncated rounds do not
+            // always list the same chunks first.
+            let differing: Vec<u16> = differing.into_iter().collect();
+            let start = self.rng.random_range(0..differing.len());
+            let mut budget = self.config.max_message_bytes;
+            for chunk in differing[start..].iter().chain(&differing[..start]) {
+                let keys = self.store.chunk_keys(*chunk);
+                let size: usize = 8 + keys
+                    .iter()
+                    .map(|(k, _)| k.len() + KEY_ENTRY_OVERHEAD_BYTES)
+                    .sum::<usize>();
+                if size > budget && !lists.is_empty() {
+                    more = true;
+                    break;
+                }
+                budget = budget.saturating_sub(size);
+                lists.push(ChunkKeyList {
+                    chunk: *chunk,
+                    keys,
+                });
             }
-            budget = budget.saturating_sub(size);
-            lists.push(ChunkKeyList {
-                chunk: *chunk,
-                keys,
-            });
         }
         self.send(
             from,
@@ -94,6 +119,7 @@ impl Replicator {
     /// Step 3: send what differs, ask for what is missing here.
     pub(super) fn on_chunk_keys(
         &mut self,
+        time: Time,
         from: &UniqueAddress,
         lists: Vec<ChunkKeyList>,
         more: bool,
@@ -105,32 +131,55 @@ impl Replicator {
         for list in lists {
             let theirs: HashMap<String, u128> = list.keys.into_iter().collect();
             let mine = self.store.chunk_keys(list.chunk);
+            let mine_keys: BTreeSet<&String> = mine.iter().map(|(k, _)| k).collect();
+            let wanted = theirs.keys().filter(|k| !mine_keys.contains(k)).cloned();
             for (key, digest) in &mine {
-                match theirs.get(key) {
+                let differs = match theirs.get(key) {
                     Some(d) if d == digest => continue,
-                    Some(_) => send_back.push(key.clone()),
-                    None => {}
-                }
+                    Some(_) => true,
+                    None => false,
+                };
                 if truncated {
                     continue;
                 }
-                if let Some((envelope, size)) = self.store.get_with_size(key) {
-                    let cost = key.len() + size + KEY_ENTRY_OVERHEAD_BYTES;
-                    if cost > budget && !entries.is_empty() {
-                        truncated = true;
-                        continue;
-                    }
-                    budget = budget.saturating_sub(cost);
-                    entries.push((key.clone(), envelope.clone()));
+                let Some((envelope, size)) = self.store.get_with_size(key) else {
+                    continue;
+                };
+                // Asking back costs the key's name here and its state in the answer.
+                let cost = key.len()
+                    + size
+                    + KEY_ENTRY_OVERHEAD_BYTES
+                    + if differs { key.len() + size } else { 0 };
+                if cost > budget && !entries.is_empty() {
+                    truncated = true;
+                    continue;
+                }
+                budget = budget.saturating_sub(cost);
+                entries.push((key.clone(), envelope.clone()));
+                if differs {
+                    send_back.push(key.clone());
                 }
             }
-            let mine: BTreeSet<&String> = mine.iter().map(|(k, _)| k).collect();
-            send_back.extend(theirs.into_keys().filter(|k| !mine.contains(k)));
+            for key in wanted {
+                if truncated {
+                    break;
+                }
+                let cost = 2 * key.len() + KEY_ENTRY_OVERHEAD_BYTES;
+                if cost > budget {
+                    truncated = true;
+                    break;
+                }
+                budget -= cost;
+                send_back.push(key);
+            }
         }
         let more = more || truncated;
         if entries.is_empty() && send_back.is_empty() && !more {
+            // Nothing differs: the exchange is over.
+            self.exchanges.remove(from);
             return;
         }
+        self.exchanges.insert(from.clone(), time.now);
         self.send(
             from,
             ReplicatorMessage::Gossip {
@@ -145,7 +194,7 @@ impl Replicator {
     /// Steps 3 and 4 on the receiving side, and the end of an exchange on the initiator's.
     pub(super) fn on_gossip(
         &mut self,
-        _time: Time,
+        time: Time,
         from: &UniqueAddress,
         entries: Vec<(String, DataEnvelope)>,
         send_back: Vec<String>,
@@ -153,10 +202,7 @@ impl Replicator {
         more: bool,
     ) {
         for (key, envelope) in &entries {
-            if let Err(e) = self.merge_incoming(key, envelope) {
-                tracing::warn!(key = %key, from = %from.address, error = %e,
-                    "gossip carried another kind of value for a key; kept this replica's");
-            }
+            self.merge_incoming(key, envelope);
         }
         if reply_expected {
             let (entries, truncated) = self.envelopes_within_budget(send_back);
@@ -170,11 +216,16 @@ impl Replicator {
                 },
             );
         } else if more {
-            self.send_status(from);
+            // The exchange this node started did not finish: go on at once.
+            self.exchanges.remove(from);
+            self.start_exchange(time, from);
+        } else {
+            self.exchanges.remove(from);
         }
     }
 
-    /// Answers a `DeltaGap`: the full state of the keys whose deltas the peer missed.
+    /// Answers a `DeltaGap`: the full state of the keys whose deltas the peer missed (as many
+    /// as fit a message; anti-entropy brings any others).
     pub(super) fn send_full_state(&mut self, to: &UniqueAddress, keys: Vec<String>) {
         let (entries, _) = self.envelopes_within_budget(keys);
         if entries.is_empty() {

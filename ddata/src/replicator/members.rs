@@ -24,8 +24,13 @@ pub struct Members {
     pub weakly_up: BTreeSet<UniqueAddress>,
     pub unreachable: BTreeSet<UniqueAddress>,
     pub leader: Option<UniqueAddress>,
-    /// Nodes removed from the cluster and when this node learnt it.
+    /// Nodes removed from the cluster (or found in data without being members) and when
+    /// this node learnt it.
     pub removed: BTreeMap<UniqueAddress, Instant>,
+    /// Whether this node is itself a member that takes part in quorums (Joining, WeaklyUp,
+    /// Up, Leaving or Exiting). A node outside any cluster, or downed, must not answer a
+    /// majority on its own.
+    pub self_member: bool,
 }
 
 impl Members {
@@ -40,8 +45,17 @@ impl Members {
             self.counted.union(&self.weakly_up).cloned().collect();
         self.counted.clear();
         self.weakly_up.clear();
+        self.self_member = false;
         for (node, status) in &view.members {
             if node == self_node {
+                self.self_member = matches!(
+                    status,
+                    MemberStatus::Joining
+                        | MemberStatus::WeaklyUp
+                        | MemberStatus::Up
+                        | MemberStatus::Leaving
+                        | MemberStatus::Exiting
+                );
                 continue;
             }
             match status {
@@ -56,6 +70,9 @@ impl Members {
                 }
                 MemberStatus::Removed => {}
             }
+        }
+        for (node, _) in &view.members {
+            self.removed.remove(node);
         }
         self.unreachable = view.unreachable.clone();
         self.leader = view.leader.clone();

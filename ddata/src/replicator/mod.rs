@@ -21,9 +21,11 @@
 //!   acknowledges them is sent; the driver keeps that order.
 
 mod anti_entropy;
+mod deltas;
 mod members;
 pub mod protocol;
 mod pruning;
+mod quorum;
 mod store;
 
 pub use members::MembershipView;
@@ -34,8 +36,9 @@ use crate::consistency::{ReadConsistency, WriteConsistency};
 use crate::envelope::DataEnvelope;
 use crate::value::{KindMismatch, ReplicatedValue};
 use members::Members;
-use rand::SeedableRng;
+use quorum::PendingOp;
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 use store::Store;
@@ -58,6 +61,8 @@ pub struct ReplicatorConfig {
     /// How long a performed pruning is remembered, dropping the removed node's entries from
     /// late copies.
     pub pruning_marker_time_to_live: Duration,
+    /// The same for durable keys, which a node down for long can bring back from disk.
+    pub durable_pruning_marker_time_to_live: Duration,
     /// Keys written to disk before they are acknowledged: exact names, or prefixes ending in
     /// `*`.
     pub durable_keys: Vec<String>,
@@ -66,6 +71,9 @@ pub struct ReplicatorConfig {
     pub max_message_bytes: usize,
     /// Reads and writes waiting for other replicas; more are refused as overload.
     pub max_pending_operations: usize,
+    /// Largest value of one key, in encoded bytes; a larger update is refused (it could not
+    /// travel in one message).
+    pub max_value_bytes: usize,
 }
 
 impl Default for ReplicatorConfig {
@@ -77,9 +85,11 @@ impl Default for ReplicatorConfig {
             pruning_interval: Duration::from_secs(30),
             max_pruning_dissemination: Duration::from_secs(60),
             pruning_marker_time_to_live: Duration::from_secs(6 * 3600),
+            durable_pruning_marker_time_to_live: Duration::from_secs(10 * 24 * 3600),
             durable_keys: Vec::new(),
             max_message_bytes: 1024 * 1024,
             max_pending_operations: 10_000,
+            max_value_bytes: 1024 * 1024,
         }
     }
 }
@@ -241,39 +251,12 @@ pub struct Time {
     pub wall_ms: u64,
 }
 
-/// A read waiting for replies (then for its repairs).
-struct ReadOp {
-    id: RequestId,
-    key: String,
-    /// Replies needed from other members that count.
-    needed: usize,
-    asked: BTreeSet<UniqueAddress>,
-    replies: BTreeMap<UniqueAddress, Option<DataEnvelope>>,
-    counted_replies: usize,
-    /// Set once the quorum answered: the result, and the replicas still to acknowledge the
-    /// repair.
-    repair: Option<(GetResult, BTreeSet<UniqueAddress>)>,
-}
-
-/// A write (update or delete) waiting for acknowledgements.
-struct WriteOp {
-    id: RequestId,
-    delete: bool,
-    needed: usize,
-    asked: BTreeSet<UniqueAddress>,
-    acks: BTreeSet<UniqueAddress>,
-    nacks: BTreeMap<UniqueAddress, String>,
-}
-
-enum PendingOp {
-    Read(Box<ReadOp>),
-    Write(WriteOp),
-}
-
 /// One node's Replicator.
 pub struct Replicator {
     self_node: UniqueAddress,
     config: ReplicatorConfig,
+    /// Random per Replicator start; see [`ReplicatorMessage`].
+    incarnation: u64,
     store: Store,
     members: Members,
     ops: HashMap<u64, (PendingOp, Instant)>,
@@ -281,13 +264,16 @@ pub struct Replicator {
     next_op: u64,
     own_delta_seq: HashMap<String, u64>,
     pending_deltas: BTreeMap<String, DeltaEntry>,
-    incoming_delta_seq: HashMap<(UniqueAddress, String), u64>,
+    /// Per sender: its incarnation and the last delta sequence number seen per key.
+    incoming_delta_seq: HashMap<UniqueAddress, (u64, HashMap<String, u64>)>,
     subscribers: BTreeMap<String, BTreeSet<SubscriberId>>,
     changed: BTreeSet<String>,
     /// Keys whose envelopes carry pruning markers.
     marked: BTreeSet<String>,
-    /// Removed nodes the leader has not yet started pruning everywhere.
-    pruning_pending: BTreeSet<UniqueAddress>,
+    /// Where the leader's scan of the data for removed nodes goes on (a chunk index).
+    prune_scan_cursor: usize,
+    /// Anti-entropy exchanges this node started, by peer, and when: one at a time per peer.
+    exchanges: HashMap<UniqueAddress, Instant>,
     next_gossip: Instant,
     next_deltas: Instant,
     next_notify: Instant,
@@ -297,14 +283,17 @@ pub struct Replicator {
 }
 
 impl Replicator {
-    /// A Replicator for `self_node`; `seed` drives its random choices (gossip peers).
+    /// A Replicator for `self_node`; `seed` drives its random choices (its incarnation
+    /// number, gossip peers).
     pub fn new(
         self_node: UniqueAddress,
         config: ReplicatorConfig,
         seed: u64,
         now: Instant,
     ) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
         Replicator {
+            incarnation: rng.random(),
             next_gossip: now + config.gossip_interval,
             next_deltas: now + config.delta_propagation_interval,
             next_notify: now + config.notify_subscribers_interval,
@@ -322,8 +311,9 @@ impl Replicator {
             subscribers: BTreeMap::new(),
             changed: BTreeSet::new(),
             marked: BTreeSet::new(),
-            pruning_pending: BTreeSet::new(),
-            rng: SmallRng::seed_from_u64(seed),
+            prune_scan_cursor: 0,
+            exchanges: HashMap::new(),
+            rng,
             outputs: Vec::new(),
         }
     }
@@ -416,20 +406,27 @@ impl Replicator {
         self.store.put(key, envelope);
     }
 
-    /// Merges a state received from elsewhere into this replica. Returns whether it changed.
-    fn merge_incoming(&mut self, key: &str, incoming: &DataEnvelope) -> Result<bool, KindMismatch> {
-        let merged = match self.store.get(key) {
-            None => incoming.clone(),
+    /// Merges a state received from elsewhere into this replica. Returns the conflict when
+    /// the key holds another kind here and `incoming`'s kind lost (see
+    /// [`DataEnvelope::merge`]).
+    fn merge_incoming(&mut self, key: &str, incoming: &DataEnvelope) -> Option<KindMismatch> {
+        let (merged, conflict) = match self.store.get(key) {
+            None => (incoming.clone(), None),
             Some(local) => {
-                let merged = local.merge(incoming)?;
+                let conflict = local.kind_conflict(incoming);
+                let merged = local.merge(incoming);
                 if &merged == local {
-                    return Ok(false);
+                    return conflict.filter(|c| c.offered != c.held.min(c.offered));
                 }
-                merged
+                (merged, conflict)
             }
         };
+        if let Some(conflict) = &conflict {
+            tracing::warn!(key, held = %conflict.held, offered = %conflict.offered,
+                "two kinds of value under one key; the lower kind wins on every replica");
+        }
         self.store_changed(key, merged);
-        Ok(true)
+        conflict.filter(|c| c.offered != c.held.min(c.offered))
     }
 
     fn on_command(&mut self, time: Time, id: RequestId, command: Command) {
@@ -449,15 +446,7 @@ impl Replicator {
                 key,
                 consistency,
                 timeout,
-            } => {
-                if self.ops.len() >= self.config.max_pending_operations {
-                    return self.reply(id, Response::Delete(DeleteResult::Failed(self.overload())));
-                }
-                let deleted = DataEnvelope::deleted();
-                self.store_changed(&key, deleted.clone());
-                self.pending_deltas.remove(&key);
-                self.start_write(time, id, key, deleted, consistency, timeout, true);
-            }
+            } => self.on_delete(time, id, key, consistency, timeout),
             Command::Subscribe { key, subscriber } => {
                 let current = self.store.get(&key).map(|e| e.data.clone());
                 self.subscribers
@@ -496,217 +485,77 @@ impl Replicator {
         }
     }
 
-    fn overload(&self) -> String {
-        format!(
-            "the replicator has {} operations waiting for other replicas (max_pending_operations); retry later",
-            self.ops.len()
-        )
-    }
-
-    fn local_result(&self, key: &str) -> GetResult {
-        match self.store.get(key) {
-            None => GetResult::NotFound,
-            Some(DataEnvelope { data: None, .. }) => GetResult::Deleted,
-            Some(DataEnvelope {
-                data: Some(value), ..
-            }) => GetResult::Found(value.clone()),
+    fn on_message(&mut self, time: Time, from: UniqueAddress, message: ReplicatorMessage) {
+        // A node removed from the cluster that still runs must not bring back what pruning
+        // took out, nor count in anything.
+        if self.members.removed.contains_key(&from) {
+            return;
         }
-    }
-
-    fn on_get(
-        &mut self,
-        time: Time,
-        id: RequestId,
-        key: String,
-        consistency: ReadConsistency,
-        timeout: Duration,
-    ) {
-        let required = consistency.required(self.members.counted_with_self());
-        if required <= 1 {
-            let result = self.local_result(&key);
-            return self.reply(id, Response::Get(result));
-        }
-        if self.ops.len() >= self.config.max_pending_operations {
-            return self.reply(id, Response::Get(GetResult::Failed(self.overload())));
-        }
-        let op = self.next_op_id();
-        let asked: BTreeSet<UniqueAddress> = self.members.receivers().cloned().collect();
-        for node in &asked {
-            self.send(
-                node,
-                ReplicatorMessage::Read {
-                    op,
-                    key: key.clone(),
-                },
-            );
-        }
-        self.add_op(
-            op,
-            PendingOp::Read(Box::new(ReadOp {
-                id,
+        match message {
+            ReplicatorMessage::Read {
+                op,
+                incarnation,
                 key,
-                needed: required - 1,
-                asked,
-                replies: BTreeMap::new(),
-                counted_replies: 0,
-                repair: None,
-            })),
-            time.now + timeout,
-        );
-    }
-
-    fn on_update(
-        &mut self,
-        time: Time,
-        id: RequestId,
-        key: String,
-        consistency: WriteConsistency,
-        timeout: Duration,
-        modify: Modify,
-    ) {
-        if self.ops.len() >= self.config.max_pending_operations {
-            return self.reply(id, Response::Update(UpdateResult::Failed(self.overload())));
-        }
-        let existing = self.store.get(&key).cloned();
-        if existing.as_ref().is_some_and(DataEnvelope::is_deleted) {
-            return self.reply(id, Response::Update(UpdateResult::Deleted));
-        }
-        let current = existing.as_ref().and_then(|e| e.data.clone());
-        let context = UpdateContext {
-            self_node: &self.self_node,
-            now_wall_ms: time.wall_ms,
-        };
-        let mut new = match modify(current.clone(), &context) {
-            Ok(value) => value,
-            Err(reason) => return self.reply(id, Response::Update(UpdateResult::Invalid(reason))),
-        };
-        if let Some(current) = &current
-            && current.kind() != new.kind()
-        {
-            let mismatch = KindMismatch {
-                held: current.kind(),
-                offered: new.kind(),
-            };
-            return self.reply(
-                id,
-                Response::Update(UpdateResult::Invalid(mismatch.to_string())),
-            );
-        }
-        let delta = new.delta();
-        new.reset_delta();
-        let envelope = match existing {
-            // `new` was made from the current value, so merging changes nothing but guards
-            // against a `modify` that returned an unrelated value.
-            Some(existing) => {
-                match existing.merge(&DataEnvelope {
-                    data: Some(new),
-                    pruning: existing.pruning.clone(),
-                }) {
-                    Ok(merged) => merged,
-                    Err(e) => {
-                        return self
-                            .reply(id, Response::Update(UpdateResult::Invalid(e.to_string())));
-                    }
+            } => {
+                let envelope = self.store.get(&key).cloned();
+                self.send(
+                    &from,
+                    ReplicatorMessage::ReadResult {
+                        op,
+                        incarnation,
+                        key,
+                        envelope,
+                    },
+                );
+            }
+            ReplicatorMessage::ReadResult {
+                op,
+                incarnation,
+                key,
+                envelope,
+            } => {
+                if incarnation == self.incarnation {
+                    self.on_read_result(from, op, &key, envelope);
                 }
             }
-            None => DataEnvelope::new(new),
-        };
-        self.store_changed(&key, envelope.clone());
-        if let Some(delta) = delta {
-            self.record_delta(&key, delta);
-        }
-        self.start_write(time, id, key, envelope, consistency, timeout, false);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn start_write(
-        &mut self,
-        time: Time,
-        id: RequestId,
-        key: String,
-        envelope: DataEnvelope,
-        consistency: WriteConsistency,
-        timeout: Duration,
-        delete: bool,
-    ) {
-        let required = consistency.required(self.members.counted_with_self());
-        if required <= 1 {
-            let response = if delete {
-                Response::Delete(DeleteResult::Success)
-            } else {
-                Response::Update(UpdateResult::Success)
-            };
-            return self.reply(id, response);
-        }
-        let op = self.next_op_id();
-        let asked: BTreeSet<UniqueAddress> = self.members.receivers().cloned().collect();
-        for node in &asked {
-            self.send(
-                node,
-                ReplicatorMessage::Write {
-                    op,
-                    key: key.clone(),
-                    envelope: envelope.clone(),
-                },
-            );
-        }
-        self.add_op(
-            op,
-            PendingOp::Write(WriteOp {
-                id,
-                delete,
-                needed: required - 1,
-                asked,
-                acks: BTreeSet::new(),
-                nacks: BTreeMap::new(),
-            }),
-            time.now + timeout,
-        );
-    }
-
-    fn next_op_id(&mut self) -> u64 {
-        let op = self.next_op;
-        self.next_op += 1;
-        op
-    }
-
-    fn add_op(&mut self, op: u64, pending: PendingOp, deadline: Instant) {
-        self.deadlines.insert((deadline, op));
-        self.ops.insert(op, (pending, deadline));
-    }
-
-    fn remove_op(&mut self, op: u64) -> Option<PendingOp> {
-        let (pending, deadline) = self.ops.remove(&op)?;
-        self.deadlines.remove(&(deadline, op));
-        Some(pending)
-    }
-
-    fn on_message(&mut self, time: Time, from: UniqueAddress, message: ReplicatorMessage) {
-        match message {
-            ReplicatorMessage::Read { op, key } => {
-                let envelope = self.store.get(&key).cloned();
-                self.send(&from, ReplicatorMessage::ReadResult { op, envelope });
-            }
-            ReplicatorMessage::ReadResult { op, envelope } => {
-                self.on_read_result(from, op, envelope)
-            }
-            ReplicatorMessage::Write { op, key, envelope } => {
+            ReplicatorMessage::Write {
+                op,
+                incarnation,
+                key,
+                envelope,
+            } => {
                 let answer = match self.merge_incoming(&key, &envelope) {
-                    Ok(_) => ReplicatorMessage::WriteAck { op },
-                    Err(e) => ReplicatorMessage::WriteNack {
+                    None => ReplicatorMessage::WriteAck { op, incarnation },
+                    Some(conflict) => ReplicatorMessage::WriteNack {
                         op,
-                        reason: format!("key {key}: {e}"),
+                        incarnation,
+                        reason: format!("key {key}: {conflict}"),
                     },
                 };
                 self.send(&from, answer);
             }
-            ReplicatorMessage::WriteAck { op } => self.on_write_ack(from, op),
-            ReplicatorMessage::WriteNack { op, reason } => self.on_write_nack(from, op, reason),
-            ReplicatorMessage::Deltas { deltas } => self.on_deltas(from, deltas),
+            ReplicatorMessage::WriteAck { op, incarnation } => {
+                if incarnation == self.incarnation {
+                    self.on_write_ack(from, op);
+                }
+            }
+            ReplicatorMessage::WriteNack {
+                op,
+                incarnation,
+                reason,
+            } => {
+                if incarnation == self.incarnation {
+                    self.on_write_nack(from, op, reason);
+                }
+            }
+            ReplicatorMessage::Deltas {
+                incarnation,
+                deltas,
+            } => self.on_deltas(from, incarnation, deltas),
             ReplicatorMessage::DeltaGap { keys } => self.send_full_state(&from, keys),
             ReplicatorMessage::Status { chunks } => self.on_status(&from, chunks),
             ReplicatorMessage::ChunkKeys { chunks, more } => {
-                self.on_chunk_keys(&from, chunks, more)
+                self.on_chunk_keys(time, &from, chunks, more)
             }
             ReplicatorMessage::Gossip {
                 entries,
@@ -717,148 +566,15 @@ impl Replicator {
         }
     }
 
-    fn on_read_result(&mut self, from: UniqueAddress, op: u64, envelope: Option<DataEnvelope>) {
-        let counted = self.members.counted.contains(&from);
-        let Some((PendingOp::Read(read), _)) = self.ops.get_mut(&op) else {
-            return;
-        };
-        if read.repair.is_some() || !read.asked.contains(&from) || read.replies.contains_key(&from)
-        {
-            return;
-        }
-        read.replies.insert(from, envelope);
-        if counted {
-            read.counted_replies += 1;
-        }
-        if read.counted_replies >= read.needed {
-            self.finish_read(op);
-        }
-    }
-
-    /// The quorum answered: merge, keep the result locally, and repair the replicas that
-    /// answered with an older state before replying.
-    fn finish_read(&mut self, op: u64) {
-        let Some((PendingOp::Read(read), _)) = self.ops.get(&op) else {
-            return;
-        };
-        let key = read.key.clone();
-        let id = read.id;
-        let mut merged = self.store.get(&key).cloned();
-        for envelope in read.replies.values().flatten() {
-            merged = Some(match merged {
-                None => envelope.clone(),
-                Some(m) => match m.merge(envelope) {
-                    Ok(m) => m,
-                    // A replica holding another kind under this key is left out of the read.
-                    Err(_) => m,
-                },
-            });
-        }
-        let Some(merged) = merged else {
-            self.remove_op(op);
-            return self.reply(id, Response::Get(GetResult::NotFound));
-        };
-        let stale: BTreeSet<UniqueAddress> = read
-            .replies
-            .iter()
-            .filter(|(_, reply)| reply.as_ref() != Some(&merged))
-            .map(|(node, _)| node.clone())
-            .collect();
-        let _ = self.merge_incoming(&key, &merged);
-        let result = self.local_result(&key);
-        if stale.is_empty() {
-            self.remove_op(op);
-            return self.reply(id, Response::Get(result));
-        }
-        for node in &stale {
-            self.send(
-                node,
-                ReplicatorMessage::Write {
-                    op,
-                    key: key.clone(),
-                    envelope: merged.clone(),
-                },
-            );
-        }
-        if let Some((PendingOp::Read(read), _)) = self.ops.get_mut(&op) {
-            read.repair = Some((result, stale));
-        }
-    }
-
-    fn on_write_ack(&mut self, from: UniqueAddress, op: u64) {
-        let counted = self.members.counted.contains(&from);
-        match self.ops.get_mut(&op) {
-            Some((PendingOp::Write(write), _)) => {
-                if !counted || !write.asked.contains(&from) {
-                    return;
-                }
-                write.acks.insert(from);
-                if write.acks.len() >= write.needed {
-                    let response = if write.delete {
-                        Response::Delete(DeleteResult::Success)
-                    } else {
-                        Response::Update(UpdateResult::Success)
-                    };
-                    let id = write.id;
-                    self.remove_op(op);
-                    self.reply(id, response);
-                }
-            }
-            Some((PendingOp::Read(read), _)) => {
-                let Some((_, awaiting)) = &mut read.repair else {
-                    return;
-                };
-                awaiting.remove(&from);
-                if awaiting.is_empty() {
-                    self.finish_repair(op);
-                }
-            }
-            None => {}
-        }
-    }
-
-    fn finish_repair(&mut self, op: u64) {
-        if let Some(PendingOp::Read(read)) = self.remove_op(op) {
-            let result = read.repair.map_or(GetResult::Timeout, |(result, _)| result);
-            self.reply(read.id, Response::Get(result));
-        }
-    }
-
-    fn on_write_nack(&mut self, from: UniqueAddress, op: u64, reason: String) {
-        let Some((PendingOp::Write(write), _)) = self.ops.get_mut(&op) else {
-            return;
-        };
-        if !self.members.counted.contains(&from) || !write.asked.contains(&from) {
-            return;
-        }
-        write.nacks.insert(from, reason.clone());
-        let counted_asked = write
-            .asked
-            .iter()
-            .filter(|n| self.members.counted.contains(*n))
-            .count();
-        let possible = counted_asked - write.nacks.len();
-        if possible < write.needed {
-            let (id, delete) = (write.id, write.delete);
-            self.remove_op(op);
-            let response = if delete {
-                Response::Delete(DeleteResult::Failed(reason))
-            } else {
-                Response::Update(UpdateResult::Failed(reason))
-            };
-            self.reply(id, response);
-        }
-    }
-
     fn on_membership(&mut self, time: Time, view: &MembershipView) {
         let before: BTreeSet<UniqueAddress> = self.members.receivers().cloned().collect();
         let removed = self.members.update(&self.self_node, view, time.now);
-        for node in removed {
-            self.incoming_delta_seq.retain(|(from, _), _| from != &node);
-            self.pruning_pending.insert(node);
+        for node in &removed {
+            self.incoming_delta_seq.remove(node);
+            self.exchanges.remove(node);
         }
-        // A new member starts an anti-entropy exchange with everyone at once instead of
-        // waiting for random gossip rounds to pick it: it fills up right after joining.
+        // A new member gets an anti-entropy exchange at once instead of waiting for random
+        // gossip rounds to pick it: it fills up right after joining.
         let joined: Vec<UniqueAddress> = self
             .members
             .receivers()
@@ -867,7 +583,7 @@ impl Replicator {
             .collect();
         if !self.store.is_empty() {
             for node in joined {
-                self.send_status(&node);
+                self.start_exchange(time, &node);
             }
         }
     }
@@ -884,37 +600,11 @@ impl Replicator {
         }
         if time.now >= self.next_gossip {
             self.next_gossip = time.now + self.config.gossip_interval;
-            self.gossip_to_random_peer();
+            self.gossip_to_random_peer(time);
         }
         if time.now >= self.next_pruning {
             self.next_pruning = time.now + self.config.pruning_interval;
             self.pruning_step(time);
-        }
-    }
-
-    fn expire_operations(&mut self, now: Instant) {
-        while let Some(&(deadline, op)) = self.deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            match self.remove_op(op) {
-                Some(PendingOp::Read(read)) => {
-                    // A read whose quorum answered succeeded; only its repairs ran late.
-                    let result = read.repair.map_or(GetResult::Timeout, |(result, _)| result);
-                    self.reply(read.id, Response::Get(result));
-                }
-                Some(PendingOp::Write(write)) => {
-                    let response = if write.delete {
-                        Response::Delete(DeleteResult::Timeout)
-                    } else {
-                        Response::Update(UpdateResult::Timeout)
-                    };
-                    self.reply(write.id, response);
-                }
-                None => {
-                    self.deadlines.remove(&(deadline, op));
-                }
-            }
         }
     }
 
@@ -931,93 +621,6 @@ impl Replicator {
                     value: value.clone(),
                 });
             }
-        }
-    }
-
-    fn record_delta(&mut self, key: &str, delta: ReplicatedValue) {
-        let seq = self.own_delta_seq.entry(key.to_string()).or_insert(0);
-        *seq += 1;
-        let seq = *seq;
-        match self.pending_deltas.get_mut(key) {
-            Some(entry) => {
-                // Deltas combine by merge; a kind mismatch cannot happen (the update checked).
-                if let Ok(merged) = entry.delta.merge(&delta) {
-                    entry.delta = merged;
-                }
-                entry.to_seq = seq;
-            }
-            None => {
-                self.pending_deltas.insert(
-                    key.to_string(),
-                    DeltaEntry {
-                        key: key.to_string(),
-                        from_seq: seq,
-                        to_seq: seq,
-                        delta,
-                    },
-                );
-            }
-        }
-    }
-
-    /// Sends the accumulated deltas to every member, in messages below the size bound.
-    fn propagate_deltas(&mut self) {
-        if self.pending_deltas.is_empty() {
-            return;
-        }
-        let receivers: Vec<UniqueAddress> = self.members.receivers().cloned().collect();
-        let deltas: Vec<DeltaEntry> = std::mem::take(&mut self.pending_deltas)
-            .into_values()
-            .collect();
-        if receivers.is_empty() {
-            return;
-        }
-        for batch in split_by_size(deltas, self.config.max_message_bytes, |d| {
-            d.key.len() + crate::codec::encode("delta", &d.delta).map_or(0, |b| b.len()) + 24
-        }) {
-            for node in &receivers {
-                self.send(
-                    node,
-                    ReplicatorMessage::Deltas {
-                        deltas: batch.clone(),
-                    },
-                );
-            }
-        }
-    }
-
-    fn on_deltas(&mut self, from: UniqueAddress, deltas: Vec<DeltaEntry>) {
-        let mut gaps = Vec::new();
-        for entry in deltas {
-            let seq_key = (from.clone(), entry.key.clone());
-            let last = self.incoming_delta_seq.get(&seq_key).copied().unwrap_or(0);
-            if entry.to_seq <= last {
-                continue;
-            }
-            if entry.from_seq > last + 1 {
-                gaps.push(entry.key.clone());
-            }
-            self.incoming_delta_seq.insert(seq_key, entry.to_seq);
-            let merged = match self.store.get(&entry.key) {
-                Some(local) if local.is_deleted() => continue,
-                Some(local) => {
-                    let mut merged = local.clone();
-                    if merged.merge_delta(&entry.delta).is_err() || &merged == local {
-                        continue;
-                    }
-                    merged
-                }
-                // A delta is a state of its lattice: joined with nothing it is the state.
-                None => {
-                    let mut value = entry.delta;
-                    value.reset_delta();
-                    DataEnvelope::new(value)
-                }
-            };
-            self.store_changed(&entry.key, merged);
-        }
-        if !gaps.is_empty() {
-            self.send(&from, ReplicatorMessage::DeltaGap { keys: gaps });
         }
     }
 }

@@ -3,38 +3,59 @@
 //! reads and writes without the transport's request/response machinery.
 
 use crate::codec;
-use crate::envelope::DataEnvelope;
+use crate::envelope::{DataEnvelope, PruningState};
 use crate::value::ReplicatedValue;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tessera_cluster::UniqueAddress;
 
 /// A message from one Replicator to another.
+///
+/// `incarnation` is a random number each Replicator draws when it starts. Requests carry the
+/// requester's and replies echo it, so a reply meant for an earlier incarnation at the same
+/// address (a restarted node reuses its operation numbers) is never taken for an answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ReplicatorMessage {
     /// Asks for the replica of `key`.
-    Read { op: u64, key: String },
+    Read {
+        op: u64,
+        incarnation: u64,
+        key: String,
+    },
     /// The replica of the key a `Read` asked for (`None`: never seen).
     ReadResult {
         op: u64,
+        incarnation: u64,
+        key: String,
         envelope: Option<DataEnvelope>,
     },
     /// Merge this state of `key` (a quorum write, or a read repair) and acknowledge.
     Write {
         op: u64,
+        incarnation: u64,
         key: String,
         envelope: DataEnvelope,
     },
     /// The `Write` of `op` is merged (and stored, for a durable key).
-    WriteAck { op: u64 },
-    /// The `Write` of `op` could not be merged (another kind under that key).
-    WriteNack { op: u64, reason: String },
-    /// Changes since the last propagation, per key, with the sender's delta sequence numbers.
-    Deltas { deltas: Vec<DeltaEntry> },
+    WriteAck { op: u64, incarnation: u64 },
+    /// The `Write` of `op` could not be merged as given (the key holds another kind here).
+    WriteNack {
+        op: u64,
+        incarnation: u64,
+        reason: String,
+    },
+    /// Changes since the last propagation, per key, with the sender's delta sequence numbers
+    /// (which restart with every incarnation of the sender).
+    Deltas {
+        incarnation: u64,
+        deltas: Vec<DeltaEntry>,
+    },
     /// The receiver of `Deltas` missed some for these keys: send their full state.
     DeltaGap { keys: Vec<String> },
     /// Anti-entropy, step 1: the digests of the sender's non-empty chunks.
     Status { chunks: Vec<(u16, u128)> },
     /// Step 2: the key digests of chunks whose digests differ (`more`: more chunks differ
-    /// than fitted).
+    /// than fitted). Empty when nothing differs, which ends the exchange.
     ChunkKeys {
         chunks: Vec<ChunkKeyList>,
         more: bool,
@@ -58,6 +79,9 @@ pub struct DeltaEntry {
     pub from_seq: u64,
     pub to_seq: u64,
     pub delta: ReplicatedValue,
+    /// The sender's pruning markers of the key: a delta made after a pruning must not be
+    /// merged into a copy that still counts the pruned node.
+    pub pruning: BTreeMap<UniqueAddress, PruningState>,
 }
 
 /// The keys of one chunk with their digests.
@@ -84,7 +108,7 @@ mod tests {
     use super::*;
     use crate::ORSet;
     use proptest::prelude::*;
-    use tessera_cluster::{Address, UniqueAddress};
+    use tessera_cluster::Address;
 
     #[test]
     fn messages_round_trip() {
@@ -96,19 +120,23 @@ mod tests {
         let messages = [
             ReplicatorMessage::Read {
                 op: 1,
+                incarnation: 9,
                 key: "k".into(),
             },
             ReplicatorMessage::Write {
                 op: 2,
+                incarnation: 9,
                 key: "k".into(),
                 envelope: DataEnvelope::new(set.clone().into()),
             },
             ReplicatorMessage::Deltas {
+                incarnation: 9,
                 deltas: vec![DeltaEntry {
                     key: "k".into(),
                     from_seq: 1,
                     to_seq: 3,
                     delta: set.into(),
+                    pruning: BTreeMap::new(),
                 }],
             },
             ReplicatorMessage::Status {

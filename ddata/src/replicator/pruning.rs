@@ -1,19 +1,27 @@
 //! Pruning of removed nodes, so that counters and version vectors do not keep an entry for
 //! every node that ever joined (Akka's protocol):
 //!
-//! 1. `max_pruning_dissemination` after a node's removal (time for its last updates to
-//!    spread), the leader marks every key that still records it `Initialized { owner: leader,
-//!    seen }`; the marker spreads with the data.
+//! 1. The leader scans the data (a slice of the chunks per step) for nodes that are not
+//!    members, whether it saw them leave or not. `max_pruning_dissemination` after it first
+//!    knew a node gone (time for its last updates to spread), it marks every key that still
+//!    records it `Initialized { owner: leader, epoch, seen }`; the marker spreads with the
+//!    data, and a later leader's marker (higher epoch) takes over an unfinished one.
 //! 2. Every replica adds itself to `seen` of the markers it holds.
-//! 3. Once every member has seen a marker, the leader folds the removed node's entries into
+//! 3. Once every member has seen a marker, its owner folds the removed node's entries into
 //!    its own (`prune`) and marks the key `Performed`. From then on every replica drops the
 //!    removed node's entries from any copy that arrives late (`prune_cleanup` on merge),
-//!    until the marker expires after `pruning_marker_time_to_live`.
+//!    until the marker expires after `pruning_marker_time_to_live` (longer for durable keys,
+//!    which a node down for long brings back from disk).
 
+use super::store::CHUNKS;
 use super::{Replicator, Time};
 use crate::envelope::{DataEnvelope, PruningState};
 use std::collections::BTreeSet;
 use tessera_cluster::{Address, UniqueAddress};
+
+/// Chunks the leader scans for removed nodes per pruning step: a full pass takes eight steps,
+/// so a step's cost stays a fraction of the store's size.
+const SCAN_CHUNKS_PER_STEP: usize = CHUNKS / 8;
 
 impl Replicator {
     /// One pruning step; runs every `pruning_interval`.
@@ -22,12 +30,12 @@ impl Replicator {
         let marked: Vec<String> = self.marked.iter().cloned().collect();
         for key in &marked {
             self.change_envelope(key, |envelope| {
-                let mut changed = false;
                 // Markers that expired go; initializations get this replica's mark.
                 envelope.pruning.retain(|_, state| match state {
                     PruningState::Performed { obsolete_at_ms } => *obsolete_at_ms > time.wall_ms,
                     PruningState::Initialized { .. } => true,
                 });
+                let mut changed = false;
                 for state in envelope.pruning.values_mut() {
                     if let PruningState::Initialized { seen, .. } = state {
                         changed |= seen.insert(self_address.clone());
@@ -44,13 +52,10 @@ impl Replicator {
         self.members
             .removed
             .retain(|_, removed_at| time.now.saturating_duration_since(*removed_at) < ttl);
-        let removed = &self.members.removed;
-        self.pruning_pending
-            .retain(|node| removed.contains_key(node));
     }
 
     /// Applies `change` to a copy of `key`'s envelope and stores it if `change` says it
-    /// changed something.
+    /// changed something (or dropped markers).
     fn change_envelope(&mut self, key: &str, change: impl FnOnce(&mut DataEnvelope) -> bool) {
         let Some(mut envelope) = self.store.get(key).cloned() else {
             return;
@@ -65,61 +70,55 @@ impl Replicator {
         node == &self.self_node || self.members.receivers().any(|n| n == node)
     }
 
-    /// Leader: marks the keys that record a removed node whose dissemination time passed.
+    /// Leader: marks the keys of the next slice of chunks that record a node gone for longer
+    /// than the dissemination time.
     fn initialize_pruning(&mut self, time: Time) {
+        let start = self.prune_scan_cursor;
+        self.prune_scan_cursor = (start + SCAN_CHUNKS_PER_STEP) % CHUNKS;
+        let keys = self
+            .store
+            .keys_in_chunks(start..start + SCAN_CHUNKS_PER_STEP);
         let dissemination = self.config.max_pruning_dissemination;
-        let due: Vec<UniqueAddress> = self
-            .pruning_pending
-            .iter()
-            .filter(|node| {
-                self.members
-                    .removed
-                    .get(*node)
-                    .is_some_and(|at| time.now.saturating_duration_since(*at) >= dissemination)
-            })
-            .cloned()
-            .collect();
-        if due.is_empty() {
-            return;
-        }
-        let keys: Vec<String> = self.store.iter().map(|(k, _)| k.clone()).collect();
-        for removed in due {
-            let mut initialized_any = false;
-            for key in &keys {
-                let Some(envelope) = self.store.get(key) else {
-                    continue;
-                };
-                let Some(value) = &envelope.data else {
-                    continue;
-                };
-                if !value.need_pruning_from(&removed) {
+        for key in keys {
+            let Some(envelope) = self.store.get(&key) else {
+                continue;
+            };
+            let Some(value) = &envelope.data else {
+                continue;
+            };
+            let mut start_for = Vec::new();
+            for node in value.modified_by_nodes() {
+                if self.is_member(&node) {
                     continue;
                 }
-                let start = match envelope.pruning.get(&removed) {
+                let removed_at = *self.members.removed.entry(node.clone()).or_insert(time.now);
+                if time.now.saturating_duration_since(removed_at) < dissemination {
+                    continue;
+                }
+                let start = match envelope.pruning.get(&node) {
                     None => true,
-                    // An initialization by a leader that is gone would never complete.
-                    Some(PruningState::Initialized { owner, .. }) => {
-                        owner != &self.self_node && !self.is_member(owner)
-                    }
+                    // An unfinished pruning of another (former) leader is taken over.
+                    Some(PruningState::Initialized { owner, .. }) => owner != &self.self_node,
                     Some(PruningState::Performed { .. }) => false,
                 };
                 if start {
-                    initialized_any = true;
-                    let marker = PruningState::Initialized {
-                        owner: self.self_node.clone(),
-                        seen: BTreeSet::from([self.self_node.address.clone()]),
-                    };
-                    let removed = removed.clone();
-                    self.change_envelope(key, move |envelope| {
-                        envelope.pruning.insert(removed, marker);
-                        true
-                    });
+                    start_for.push(node);
                 }
             }
-            if !initialized_any {
-                // Every key that records the node is marked (or done): nothing left to start.
-                self.pruning_pending.remove(&removed);
+            if start_for.is_empty() {
+                continue;
             }
+            let marker = PruningState::Initialized {
+                owner: self.self_node.clone(),
+                epoch_ms: time.wall_ms,
+                seen: BTreeSet::from([self.self_node.address.clone()]),
+            };
+            self.change_envelope(&key, move |envelope| {
+                for node in start_for {
+                    envelope.pruning.insert(node, marker.clone());
+                }
+                true
+            });
         }
     }
 
@@ -131,19 +130,22 @@ impl Replicator {
             .map(|n| n.address.clone())
             .chain(std::iter::once(self.self_node.address.clone()))
             .collect();
-        let obsolete_at_ms = time
-            .wall_ms
-            .saturating_add(self.config.pruning_marker_time_to_live.as_millis() as u64);
         let marked: Vec<String> = self.marked.iter().cloned().collect();
         let self_node = self.self_node.clone();
         for key in marked {
+            let ttl = if self.config.is_durable(&key) {
+                self.config.durable_pruning_marker_time_to_live
+            } else {
+                self.config.pruning_marker_time_to_live
+            };
+            let obsolete_at_ms = time.wall_ms.saturating_add(ttl.as_millis() as u64);
             self.change_envelope(&key, |envelope| {
                 let ready: Vec<UniqueAddress> = envelope
                     .pruning
                     .iter()
                     .filter(|(_, state)| {
                         matches!(state,
-                        PruningState::Initialized { owner, seen }
+                        PruningState::Initialized { owner, seen, .. }
                             if owner == &self_node && everyone.is_subset(seen))
                     })
                     .map(|(node, _)| node.clone())

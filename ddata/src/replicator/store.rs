@@ -115,6 +115,14 @@ impl Store {
             .flat_map(|c| c.entries.iter().map(|(k, s)| (k, &s.envelope)))
     }
 
+    /// The keys of the chunks in `range` (indices past the last chunk wrap around).
+    pub fn keys_in_chunks(&self, range: std::ops::Range<usize>) -> Vec<String> {
+        range
+            .filter_map(|i| self.chunks.get(i % CHUNKS))
+            .flat_map(|c| c.entries.keys().cloned())
+            .collect()
+    }
+
     /// Digests of the non-empty chunks.
     pub fn chunk_digests(&mut self) -> Vec<(u16, u128)> {
         let mut digests = Vec::new();
