@@ -36,6 +36,16 @@ pub enum JournalError {
         value: String,
         reason: String,
     },
+    /// An event carries more tags than the journal accepts.
+    #[error(
+        "event {persistence_id}#{sequence_nr} has {count} tags, more than the limit of {limit}"
+    )]
+    TooManyTags {
+        persistence_id: String,
+        sequence_nr: u64,
+        count: usize,
+        limit: usize,
+    },
     /// The write is larger than the journal accepts in one piece.
     #[error(
         "write to {persistence_id} of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes"
@@ -91,6 +101,8 @@ impl From<rocksdb::Error> for JournalError {
 
 /// Longest persistence id, writer id or tag accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 1024;
+/// Most tags one event may carry.
+pub const MAX_TAGS_PER_EVENT: usize = 256;
 
 /// Checks a persistence id, writer id or tag.
 pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<(), JournalError> {

@@ -4,7 +4,6 @@
 use crate::error::JournalError;
 use crate::storage::{self, UnsealError};
 use bytes::{Bytes, BytesMut};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// The type of a payload and the version of that type's encoding, so that an old event can be
@@ -96,18 +95,27 @@ pub struct EventEnvelope {
 /// The record format version this release writes and reads.
 pub const RECORD_FORMAT_VERSION: u8 = 1;
 
-/// The body of an event record on disk. The persistence id and sequence number live in the key.
-#[derive(Serialize, Deserialize)]
-struct StoredEvent<'a> {
-    /// Offset in the tag order, 0 for an untagged event; lets a physical delete find the
-    /// event's tag index entries.
-    offset: u64,
-    writer_id: &'a str,
-    timestamp_ms: u64,
-    manifest_type: &'a str,
-    manifest_version: u32,
-    tags: Vec<&'a str>,
-    payload: &'a [u8],
+/// The body of an event record on disk, a fixed little-endian layout (the persistence id and
+/// sequence number live in the key):
+///
+/// ```text
+/// offset u64 | timestamp_ms u64 | manifest_version u32
+/// writer_id_len u16 | writer_id | manifest_len u16 | manifest | tag_count u16
+/// (tag_len u16 | tag)* | payload (the rest)
+/// ```
+///
+/// `offset` is the event's position in the tag order (0 for an untagged event), which lets a
+/// physical delete find its tag index entries. A fixed layout rather than postcard: decoding
+/// is on the replay path, and names equal to the previous record's are recognised by their
+/// bytes without being validated again.
+const FIXED_HEADER_BYTES: usize = 8 + 8 + 4;
+
+fn put_name(out: &mut Vec<u8>, name: &str) -> Result<(), JournalError> {
+    let len = u16::try_from(name.len())
+        .map_err(|_| JournalError::Storage(format!("name of {} bytes in a record", name.len())))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+    Ok(())
 }
 
 /// Encodes the sealed value of one event stored under `key`.
@@ -117,21 +125,60 @@ pub(crate) fn encode_event(
     offset: u64,
     event: &NewEvent,
 ) -> Result<Vec<u8>, JournalError> {
-    let stored = StoredEvent {
-        offset,
-        writer_id,
-        timestamp_ms: event.timestamp_ms,
-        manifest_type: &event.manifest.type_name,
-        manifest_version: event.manifest.version,
-        tags: event.tags.iter().map(String::as_str).collect(),
-        payload: &event.payload,
-    };
-    let mut value = Vec::with_capacity(storage::SEAL_HEADER_LEN + 64 + event.payload.len());
+    let names: usize = writer_id.len()
+        + event.manifest.type_name.len()
+        + event.tags.iter().map(|t| t.len() + 2).sum::<usize>();
+    let mut value = Vec::with_capacity(
+        storage::SEAL_HEADER_LEN + FIXED_HEADER_BYTES + 6 + names + event.payload.len(),
+    );
     value.resize(storage::SEAL_HEADER_LEN, 0);
-    let mut value = postcard::to_extend(&stored, value)
-        .map_err(|e| JournalError::Storage(format!("cannot encode an event: {e}")))?;
+    value.extend_from_slice(&offset.to_le_bytes());
+    value.extend_from_slice(&event.timestamp_ms.to_le_bytes());
+    value.extend_from_slice(&event.manifest.version.to_le_bytes());
+    put_name(&mut value, writer_id)?;
+    put_name(&mut value, &event.manifest.type_name)?;
+    let tags = u16::try_from(event.tags.len())
+        .map_err(|_| JournalError::Storage(format!("{} tags on one event", event.tags.len())))?;
+    value.extend_from_slice(&tags.to_le_bytes());
+    for tag in &event.tags {
+        put_name(&mut value, tag)?;
+    }
+    value.extend_from_slice(&event.payload);
     storage::seal_in_place(RECORD_FORMAT_VERSION, key, &mut value);
     Ok(value)
+}
+
+/// Reads a record body front to back; every read is checked, a short body is an error.
+struct BodyReader<'b> {
+    rest: &'b [u8],
+}
+
+impl<'b> BodyReader<'b> {
+    fn take(&mut self, n: usize) -> Option<&'b [u8]> {
+        if self.rest.len() < n {
+            return None;
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Some(head)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+
+    fn name(&mut self) -> Option<&'b [u8]> {
+        let len = self.u16()?;
+        self.take(usize::from(len))
+    }
 }
 
 /// A decoded event record with its offset.
@@ -180,30 +227,51 @@ impl EventDecoder {
         sequence_nr: u64,
         body: &[u8],
     ) -> Result<DecodedEvent, JournalError> {
-        let stored: StoredEvent<'_> =
-            postcard::from_bytes(body).map_err(|e| JournalError::Corrupt {
-                persistence_id: persistence_id.to_string(),
-                sequence_nr,
-                detail: format!("undecodable body: {e}"),
-            })?;
-        if self.payloads.capacity() - self.payloads.len() < stored.payload.len() {
-            self.payloads = BytesMut::with_capacity(PAYLOAD_ARENA_BYTES.max(stored.payload.len()));
+        let corrupt = |detail: &str| JournalError::Corrupt {
+            persistence_id: persistence_id.to_string(),
+            sequence_nr,
+            detail: format!("undecodable body: {detail}"),
+        };
+        let mut reader = BodyReader { rest: body };
+        let (Some(offset), Some(timestamp_ms), Some(manifest_version)) =
+            (reader.u64(), reader.u64(), reader.u32())
+        else {
+            return Err(corrupt("truncated header"));
+        };
+        let writer_id = reader
+            .name()
+            .ok_or_else(|| corrupt("truncated writer id"))?;
+        let writer_id = intern(&mut self.writer_id, writer_id)
+            .ok_or_else(|| corrupt("writer id is not UTF-8"))?;
+        let manifest = reader.name().ok_or_else(|| corrupt("truncated manifest"))?;
+        let manifest = intern(&mut self.manifest_type, manifest)
+            .ok_or_else(|| corrupt("manifest is not UTF-8"))?;
+        let tag_count = reader.u16().ok_or_else(|| corrupt("truncated tags"))?;
+        let mut tags = Vec::with_capacity(usize::from(tag_count));
+        for _ in 0..tag_count {
+            let tag = reader.name().ok_or_else(|| corrupt("truncated tag"))?;
+            let tag = std::str::from_utf8(tag).map_err(|_| corrupt("tag is not UTF-8"))?;
+            tags.push(tag.to_string());
         }
-        self.payloads.extend_from_slice(stored.payload);
+        let payload_bytes = reader.rest;
+        if self.payloads.capacity() - self.payloads.len() < payload_bytes.len() {
+            self.payloads = BytesMut::with_capacity(PAYLOAD_ARENA_BYTES.max(payload_bytes.len()));
+        }
+        self.payloads.extend_from_slice(payload_bytes);
         let payload = self.payloads.split().freeze();
         Ok(DecodedEvent {
-            offset: stored.offset,
+            offset,
             repr: PersistentRepr {
                 persistence_id: persistence_id.clone(),
                 sequence_nr,
-                writer_id: intern(&mut self.writer_id, stored.writer_id),
-                timestamp_ms: stored.timestamp_ms,
+                writer_id,
+                timestamp_ms,
                 manifest: Manifest {
-                    type_name: intern(&mut self.manifest_type, stored.manifest_type),
-                    version: stored.manifest_version,
+                    type_name: manifest,
+                    version: manifest_version,
                 },
                 payload,
-                tags: stored.tags.into_iter().map(str::to_string).collect(),
+                tags,
             },
         })
     }
@@ -222,12 +290,13 @@ pub(crate) fn verify_event<'v>(
         .map_err(|e| unseal_error(persistence_id, sequence_nr, e))
 }
 
-/// The shared copy of `name`: the previous one when it is the same.
-fn intern(slot: &mut Arc<str>, name: &str) -> Arc<str> {
-    if &**slot != name {
-        *slot = Arc::from(name);
+/// The shared copy of the name in `bytes`: the previous one when the bytes are the same
+/// (no UTF-8 check needed then), else a new one; `None` when the bytes are not UTF-8.
+fn intern(slot: &mut Arc<str>, bytes: &[u8]) -> Option<Arc<str>> {
+    if slot.as_bytes() != bytes {
+        *slot = Arc::from(std::str::from_utf8(bytes).ok()?);
     }
-    slot.clone()
+    Some(slot.clone())
 }
 
 fn unseal_error(persistence_id: &str, sequence_nr: u64, e: UnsealError) -> JournalError {

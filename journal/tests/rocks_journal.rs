@@ -595,3 +595,26 @@ async fn invalid_configuration_is_refused_by_key() {
     let error = RocksJournal::open(cfg).await.err().unwrap();
     assert!(error.to_string().contains("max_batch_writes"), "{error}");
 }
+
+#[tokio::test]
+async fn an_event_with_too_many_tags_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    let tags: Vec<String> = (0..=tessera_journal::MAX_TAGS_PER_EVENT)
+        .map(|i| format!("t{i}"))
+        .collect();
+    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let error = journal
+        .append(AtomicWrite {
+            persistence_id: "a".into(),
+            writer_id: "w".into(),
+            events: vec![event(1, "x", &tag_refs)],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, JournalError::TooManyTags { sequence_nr: 1, .. }),
+        "{error:?}"
+    );
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 0);
+}

@@ -6,7 +6,7 @@ mod reader;
 mod writer;
 
 use crate::config::JournalConfig;
-use crate::error::{JournalError, validate_name};
+use crate::error::{JournalError, MAX_TAGS_PER_EVENT, validate_name};
 use crate::journal::{Journal, JournalStream, QueryMode};
 use crate::record::{AtomicWrite, EventEnvelope, PersistentRepr};
 use crate::storage::{self, FORMAT_VERSION_KEY};
@@ -195,8 +195,18 @@ fn validate_write(write: &AtomicWrite, max_write_bytes: usize) -> Result<(), Jou
             });
         }
     }
-    for tag in write.events.iter().flat_map(|e| &e.tags) {
-        validate_name("tag", tag)?;
+    for event in &write.events {
+        if event.tags.len() > MAX_TAGS_PER_EVENT {
+            return Err(JournalError::TooManyTags {
+                persistence_id: write.persistence_id.clone(),
+                sequence_nr: event.sequence_nr,
+                count: event.tags.len(),
+                limit: MAX_TAGS_PER_EVENT,
+            });
+        }
+        for tag in &event.tags {
+            validate_name("tag", tag)?;
+        }
     }
     let size_bytes = write.payload_bytes();
     if size_bytes > max_write_bytes {
