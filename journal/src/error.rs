@@ -104,18 +104,34 @@ pub const MAX_NAME_BYTES: usize = 1024;
 /// Most tags one event may carry.
 pub const MAX_TAGS_PER_EVENT: usize = 256;
 
+/// What is wrong with a persistence id, writer id or tag, if anything: empty, or longer than
+/// [`MAX_NAME_BYTES`]. Shared with the snapshot store, whose ids follow the same rule.
+pub fn name_problem(value: &str) -> Option<String> {
+    if value.is_empty() {
+        Some("must not be empty".to_string())
+    } else if value.len() > MAX_NAME_BYTES {
+        Some(format!(
+            "is {} bytes, more than {MAX_NAME_BYTES}",
+            value.len()
+        ))
+    } else {
+        None
+    }
+}
+
+/// The first 64 characters of a name, for error messages.
+pub fn name_excerpt(value: &str) -> String {
+    value.chars().take(64).collect()
+}
+
 /// Checks a persistence id, writer id or tag.
 pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<(), JournalError> {
-    let reason = if value.is_empty() {
-        "must not be empty".to_string()
-    } else if value.len() > MAX_NAME_BYTES {
-        format!("is {} bytes, more than {MAX_NAME_BYTES}", value.len())
-    } else {
-        return Ok(());
-    };
-    Err(JournalError::InvalidName {
-        what,
-        value: value.chars().take(64).collect(),
-        reason,
-    })
+    match name_problem(value) {
+        None => Ok(()),
+        Some(reason) => Err(JournalError::InvalidName {
+            what,
+            value: name_excerpt(value),
+            reason,
+        }),
+    }
 }

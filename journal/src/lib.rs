@@ -16,7 +16,7 @@ mod rocks;
 pub mod storage;
 
 pub use config::{FsyncPolicy, JournalConfig};
-pub use error::{JournalError, MAX_NAME_BYTES, MAX_TAGS_PER_EVENT};
+pub use error::{JournalError, MAX_NAME_BYTES, MAX_TAGS_PER_EVENT, name_excerpt, name_problem};
 pub use journal::{Journal, JournalStream, QueryMode};
 pub use record::{
     AtomicWrite, EventEnvelope, Manifest, NewEvent, PersistentRepr, RECORD_FORMAT_VERSION,

@@ -41,19 +41,11 @@ impl From<rocksdb::Error> for SnapshotError {
 }
 
 pub(crate) fn validate_persistence_id(value: &str) -> Result<(), SnapshotError> {
-    let reason = if value.is_empty() {
-        "must not be empty".to_string()
-    } else if value.len() > tessera_journal::MAX_NAME_BYTES {
-        format!(
-            "is {} bytes, more than {}",
-            value.len(),
-            tessera_journal::MAX_NAME_BYTES
-        )
-    } else {
-        return Ok(());
-    };
-    Err(SnapshotError::InvalidPersistenceId {
-        value: value.chars().take(64).collect(),
-        reason,
-    })
+    match tessera_journal::name_problem(value) {
+        None => Ok(()),
+        Some(reason) => Err(SnapshotError::InvalidPersistenceId {
+            value: tessera_journal::name_excerpt(value),
+            reason,
+        }),
+    }
 }

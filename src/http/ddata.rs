@@ -245,6 +245,21 @@ fn view(
     }))
 }
 
+/// The parts every `/ddata/{type}/{key}` request shares, checked: the type, the consistency
+/// level and the timeout.
+fn request_parts(
+    type_name: &str,
+    key: &str,
+    params: Result<Query<Params>, QueryRejection>,
+) -> Result<(DataType, Level, Duration), ApiError> {
+    let data_type = DataType::parse(type_name)?;
+    parse_key(key)?;
+    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let level = parse_level(params.consistency.as_deref())?;
+    let timeout = parse_timeout(params.timeout.as_deref())?;
+    Ok((data_type, level, timeout))
+}
+
 async fn keys(State(replicator): State<ReplicatorHandle>) -> Result<Json<KeysView>, ApiError> {
     let keys = replicator.keys().await.map_err(unavailable)?;
     Ok(Json(KeysView { keys }))
@@ -255,11 +270,7 @@ async fn read(
     Path((type_name, key)): Path<(String, String)>,
     params: Result<Query<Params>, QueryRejection>,
 ) -> Result<Json<DataView>, ApiError> {
-    let data_type = DataType::parse(&type_name)?;
-    parse_key(&key)?;
-    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let level = parse_level(params.consistency.as_deref())?;
-    let timeout = parse_timeout(params.timeout.as_deref())?;
+    let (data_type, level, timeout) = request_parts(&type_name, &key, params)?;
     let result = replicator
         .get(&key, read_consistency(&level), timeout)
         .await
@@ -429,11 +440,7 @@ async fn write(
     params: Result<Query<Params>, QueryRejection>,
     body: Result<Json<Json_>, JsonRejection>,
 ) -> Result<Json<DataView>, ApiError> {
-    let data_type = DataType::parse(&type_name)?;
-    parse_key(&key)?;
-    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let level = parse_level(params.consistency.as_deref())?;
-    let timeout = parse_timeout(params.timeout.as_deref())?;
+    let (data_type, level, timeout) = request_parts(&type_name, &key, params)?;
     let Json(body) = body?;
     let operation = parse_operation(data_type, &body)?;
     let result = replicator
@@ -490,11 +497,7 @@ async fn remove(
     Path((type_name, key)): Path<(String, String)>,
     params: Result<Query<Params>, QueryRejection>,
 ) -> Result<Json<Json_>, ApiError> {
-    let data_type = DataType::parse(&type_name)?;
-    parse_key(&key)?;
-    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let level = parse_level(params.consistency.as_deref())?;
-    let timeout = parse_timeout(params.timeout.as_deref())?;
+    let (data_type, level, timeout) = request_parts(&type_name, &key, params)?;
     if let GetResult::Found(value) = replicator
         .get(&key, ReadConsistency::Local, timeout)
         .await
