@@ -52,26 +52,35 @@ impl VectorClock {
     }
 
     pub fn compare(&self, other: &VectorClock) -> VersionOrdering {
-        let mut less = false;
-        let mut greater = false;
-        for node in self.versions.keys().chain(other.versions.keys()) {
-            let a = self.versions.get(node).copied().unwrap_or(0);
-            let b = other.versions.get(node).copied().unwrap_or(0);
-            match a.cmp(&b) {
-                Ordering::Less => less = true,
-                Ordering::Greater => greater = true,
-                Ordering::Equal => {}
-            }
-            if less && greater {
-                return VersionOrdering::Concurrent;
-            }
+        compare_versions(&self.versions, &other.versions)
+    }
+}
+
+/// How two version maps (node → counter, a missing node counting as 0) relate. Shared by the
+/// gossip's vector clocks and Distributed Data's version vectors.
+pub fn compare_versions(
+    a: &BTreeMap<UniqueAddress, u64>,
+    b: &BTreeMap<UniqueAddress, u64>,
+) -> VersionOrdering {
+    let mut less = false;
+    let mut greater = false;
+    for node in a.keys().chain(b.keys()) {
+        let x = a.get(node).copied().unwrap_or(0);
+        let y = b.get(node).copied().unwrap_or(0);
+        match x.cmp(&y) {
+            Ordering::Less => less = true,
+            Ordering::Greater => greater = true,
+            Ordering::Equal => {}
         }
-        match (less, greater) {
-            (false, false) => VersionOrdering::Same,
-            (true, false) => VersionOrdering::Before,
-            (false, true) => VersionOrdering::After,
-            (true, true) => VersionOrdering::Concurrent,
+        if less && greater {
+            return VersionOrdering::Concurrent;
         }
+    }
+    match (less, greater) {
+        (false, false) => VersionOrdering::Same,
+        (true, false) => VersionOrdering::Before,
+        (false, true) => VersionOrdering::After,
+        (true, true) => VersionOrdering::Concurrent,
     }
 }
 

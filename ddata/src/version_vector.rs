@@ -2,7 +2,6 @@
 
 use crate::crdt::{DeltaReplicatedData, RemovedNodePruning, ReplicatedData};
 use serde::{Deserialize, Serialize};
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use tessera_cluster::UniqueAddress;
 pub use tessera_cluster::vclock::VersionOrdering;
@@ -66,24 +65,7 @@ impl VersionVector {
     /// How this vector relates to `other`: `Before` when `other` has seen everything this one
     /// has and more, `Concurrent` when each has seen something the other has not.
     pub fn compare(&self, other: &VersionVector) -> VersionOrdering {
-        let mut less = false;
-        let mut greater = false;
-        for node in self.versions.keys().chain(other.versions.keys()) {
-            match self.version_at(node).cmp(&other.version_at(node)) {
-                Ordering::Less => less = true,
-                Ordering::Greater => greater = true,
-                Ordering::Equal => {}
-            }
-            if less && greater {
-                return VersionOrdering::Concurrent;
-            }
-        }
-        match (less, greater) {
-            (false, false) => VersionOrdering::Same,
-            (true, false) => VersionOrdering::Before,
-            (false, true) => VersionOrdering::After,
-            (true, true) => VersionOrdering::Concurrent,
-        }
+        tessera_cluster::vclock::compare_versions(&self.versions, &other.versions)
     }
 
     /// Whether no node has an entry.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 use tessera_ddata::replicator::{
-    Command, DeleteResult, GetResult, ReplicatorConfig, RequestId, Response, UpdateResult,
+    Command, DeleteResult, GetResult, Modify, ReplicatorConfig, RequestId, Response, UpdateResult,
 };
 use tessera_ddata::sim::{NetworkConfig, ReplicatorSim};
 use tessera_ddata::{ORSet, PNCounter, ReadConsistency, ReplicatedValue, WriteConsistency};
@@ -26,12 +26,13 @@ pub fn sim(n: usize, config: ReplicatorConfig, seed: u64) -> ReplicatorSim {
     ReplicatorSim::new(n, config, NetworkConfig::default(), seed)
 }
 
-pub fn increment(
+/// An update of `key` on `node` with `modify`.
+pub fn update(
     sim: &mut ReplicatorSim,
     node: usize,
     key: &str,
-    n: u64,
     consistency: WriteConsistency,
+    modify: Modify,
 ) -> RequestId {
     sim.submit(
         node,
@@ -39,17 +40,28 @@ pub fn increment(
             key: key.into(),
             consistency,
             timeout: TIMEOUT,
-            modify: Box::new(move |current, ctx| {
-                let mut counter = match current {
-                    None => PNCounter::new(),
-                    Some(ReplicatedValue::PNCounter(c)) => c,
-                    Some(other) => return Err(format!("not a counter: {:?}", other.kind())),
-                };
-                counter.increment(ctx.self_node, n);
-                Ok(counter.into())
-            }),
+            modify,
         },
     )
+}
+
+pub fn increment(
+    sim: &mut ReplicatorSim,
+    node: usize,
+    key: &str,
+    n: u64,
+    consistency: WriteConsistency,
+) -> RequestId {
+    let modify: Modify = Box::new(move |current, ctx| {
+        let mut counter = match current {
+            None => PNCounter::new(),
+            Some(ReplicatedValue::PNCounter(c)) => c,
+            Some(other) => return Err(format!("not a counter: {:?}", other.kind())),
+        };
+        counter.increment(ctx.self_node, n);
+        Ok(counter.into())
+    });
+    update(sim, node, key, consistency, modify)
 }
 
 pub fn add(
@@ -60,23 +72,16 @@ pub fn add(
     consistency: WriteConsistency,
 ) -> RequestId {
     let element = element.to_string();
-    sim.submit(
-        node,
-        Command::Update {
-            key: key.into(),
-            consistency,
-            timeout: TIMEOUT,
-            modify: Box::new(move |current, ctx| {
-                let mut set = match current {
-                    None => ORSet::new(),
-                    Some(ReplicatedValue::ORSet(s)) => s,
-                    Some(other) => return Err(format!("not a set: {:?}", other.kind())),
-                };
-                set.add(ctx.self_node, element);
-                Ok(set.into())
-            }),
-        },
-    )
+    let modify: Modify = Box::new(move |current, ctx| {
+        let mut set = match current {
+            None => ORSet::new(),
+            Some(ReplicatedValue::ORSet(s)) => s,
+            Some(other) => return Err(format!("not a set: {:?}", other.kind())),
+        };
+        set.add(ctx.self_node, element);
+        Ok(set.into())
+    });
+    update(sim, node, key, consistency, modify)
 }
 
 pub fn get(
