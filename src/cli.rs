@@ -235,10 +235,22 @@ pub struct BenchJournalArgs {
     /// A tenth of the data and one-second phases, for a quick look.
     #[arg(long)]
     pub quick: bool,
+    /// Run only the append or only the replay workloads.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub only: Option<JournalWorkloadKind>,
     /// Directory for the benchmark's databases (created, then removed) [default: a fresh
     /// directory in the system temp dir]. Put it on the disk you want to measure.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+}
+
+/// The two kinds of workload of `tessera bench journal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum JournalWorkloadKind {
+    /// `append-*`: concurrent appends with fsync.
+    Append,
+    /// `replay-*`: replays of one log and of many.
+    Replay,
 }
 
 /// Flags of `tessera bench entities`.
@@ -479,9 +491,18 @@ mod tests {
     #[test]
     fn bench_journal_flags() {
         match parse(&["bench", "journal", "--json", "--quick"]).command {
-            Command::Bench(BenchCommand::Journal(a)) => assert!(a.json && a.quick),
+            Command::Bench(BenchCommand::Journal(a)) => {
+                assert!(a.json && a.quick && a.only.is_none())
+            }
             other => panic!("{other:?}"),
         }
+        match parse(&["bench", "journal", "--only", "replay"]).command {
+            Command::Bench(BenchCommand::Journal(a)) => {
+                assert_eq!(a.only, Some(JournalWorkloadKind::Replay))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["tessera", "bench", "journal", "--only", "scan"]).is_err());
         assert!(Cli::try_parse_from(["tessera", "bench"]).is_err());
     }
 

@@ -79,11 +79,16 @@ async fn run(cli: Cli) -> ExitCode {
             let dir = args.dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("tessera-bench-journal-{}", std::process::id()))
             });
-            let params = if args.quick {
+            let mut params = if args.quick {
                 tessera::bench::journal::JournalBenchParams::quick(dir)
             } else {
                 tessera::bench::journal::JournalBenchParams::full(dir)
             };
+            match args.only {
+                Some(tessera::cli::JournalWorkloadKind::Append) => params.replay_events = 0,
+                Some(tessera::cli::JournalWorkloadKind::Replay) => params.append_ids.clear(),
+                None => {}
+            }
             match tessera::bench::journal::run(params, args.json).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -26,13 +26,13 @@ use tessera_journal::{
 /// The sizes of a run.
 #[derive(Debug, Clone)]
 pub struct JournalBenchParams {
-    /// Concurrent persistence ids of the append workloads.
+    /// Concurrent persistence ids of the append workloads (none: no append workloads).
     pub append_ids: Vec<usize>,
     /// Event payload sizes of the append workloads.
     pub append_payload_bytes: Vec<usize>,
     /// How long each side of an append workload runs.
     pub append_duration: Duration,
-    /// Events of the replay workloads.
+    /// Events of the replay workloads (0: no replay workloads).
     pub replay_events: u64,
     /// Logs the spread replay workload reads.
     pub replay_ids: u64,
@@ -101,7 +101,7 @@ fn ids_label(n: u64) -> String {
 }
 
 fn size_label(bytes: usize) -> String {
-    if bytes % 1024 == 0 {
+    if bytes.is_multiple_of(1024) {
         format!("{}KiB", bytes / 1024)
     } else {
         format!("{bytes}B")
@@ -140,8 +140,10 @@ pub async fn run(
             emit(append_workload(&params, ids, payload_bytes).await?);
         }
     }
-    for row in replay_workloads(&params).await? {
-        emit(row);
+    if params.replay_events > 0 {
+        for row in replay_workloads(&params).await? {
+            emit(row);
+        }
     }
     let _ = std::fs::remove_dir_all(&params.dir);
     Ok(rows)
