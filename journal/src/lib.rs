@@ -11,6 +11,7 @@
 mod config;
 mod error;
 mod journal;
+mod multihash;
 mod record;
 mod rocks;
 pub mod storage;

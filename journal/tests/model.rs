@@ -86,7 +86,7 @@ struct Model {
 
 fn tags_of(mask: u8, seq: u64) -> Vec<&'static str> {
     // Vary tags between events of one write too.
-    let mask = if seq % 2 == 0 {
+    let mask = if seq.is_multiple_of(2) {
         mask
     } else {
         mask.rotate_right(1) & 3

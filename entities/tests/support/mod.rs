@@ -141,10 +141,9 @@ impl MemoryJournal {
             );
             if let Some(previous) =
                 current.insert(append.persistence_id.clone(), append.writer_id.clone())
+                && previous != append.writer_id
             {
-                if previous != append.writer_id {
-                    seen.push(previous);
-                }
+                seen.push(previous);
             }
         }
     }
