@@ -61,6 +61,10 @@ pub struct JournalConfig {
     pub max_write_bytes: usize,
     /// Events read from RocksDB per step of a replay or query.
     pub read_chunk_events: usize,
+    /// Events of a replay's or query's first step read in the consumer's task rather than on
+    /// the blocking pool: short logs are read without a hop to another thread, which costs
+    /// more than reading them (0: every step on the blocking pool).
+    pub inline_read_events: usize,
     /// Size of RocksDB's block cache.
     pub block_cache_bytes: usize,
     /// Size of each RocksDB memtable.
@@ -79,6 +83,7 @@ impl JournalConfig {
             group_commit_linger: Duration::from_micros(100),
             max_write_bytes: 64 * 1024 * 1024,
             read_chunk_events: 1_024,
+            inline_read_events: 128,
             block_cache_bytes: 64 * 1024 * 1024,
             write_buffer_bytes: 64 * 1024 * 1024,
         }

@@ -187,12 +187,13 @@ pub(crate) struct DecodedEvent {
     pub repr: PersistentRepr,
 }
 
-/// Payload bytes a decoder reserves at a time: payloads of a chunk of events share these
-/// buffers.
+/// Payload bytes a decoder reserves at a time when it copies payloads out of borrowed
+/// records: payloads of a chunk of events share these buffers.
 const PAYLOAD_ARENA_BYTES: usize = 64 * 1024;
 
-/// Decodes event records, sharing names between consecutive events and packing payloads into
-/// shared buffers.
+/// Decodes event records, sharing names between consecutive events. Payloads are slices of
+/// shared buffers: of the buffer the records were read into ([`EventDecoder::decode_shared`])
+/// or of an arena the decoder copies them into ([`EventDecoder::decode`]).
 pub(crate) struct EventDecoder {
     writer_id: Arc<str>,
     manifest_type: Arc<str>,
@@ -208,7 +209,8 @@ impl EventDecoder {
         }
     }
 
-    /// Decodes the sealed value stored under `key` for (`persistence_id`, `sequence_nr`).
+    /// Decodes the sealed value stored under `key` for (`persistence_id`, `sequence_nr`),
+    /// copying its payload.
     pub fn decode(
         &mut self,
         persistence_id: &Arc<str>,
@@ -217,15 +219,47 @@ impl EventDecoder {
         value: &[u8],
     ) -> Result<DecodedEvent, JournalError> {
         let body = verify_event(persistence_id, sequence_nr, key, value)?;
-        self.decode_verified(persistence_id, sequence_nr, body)
+        self.decode_verified(persistence_id, sequence_nr, body, |decoder, payload| {
+            if decoder.payloads.capacity() - decoder.payloads.len() < payload.len() {
+                decoder.payloads = BytesMut::with_capacity(PAYLOAD_ARENA_BYTES.max(payload.len()));
+            }
+            decoder.payloads.extend_from_slice(payload);
+            decoder.payloads.split().freeze()
+        })
     }
 
-    /// Decodes the body of a record that [`verify_event`] accepted.
-    pub fn decode_verified(
+    /// Decodes the record at `range` of `values`, whose checksum [`verify_event`] already
+    /// accepted, without copying its payload: the payload is a slice of `values`.
+    pub fn decode_shared(
+        &mut self,
+        persistence_id: &Arc<str>,
+        sequence_nr: u64,
+        values: &Bytes,
+        range: std::ops::Range<usize>,
+    ) -> Result<DecodedEvent, JournalError> {
+        let end = range.end;
+        let body = values
+            .get(range)
+            .and_then(|value| value.get(storage::SEAL_HEADER_LEN..))
+            .ok_or_else(|| JournalError::Corrupt {
+                persistence_id: persistence_id.to_string(),
+                sequence_nr,
+                detail: "record shorter than its header".to_string(),
+            })?;
+        // The payload is the rest of the body, so it ends where the record ends.
+        self.decode_verified(persistence_id, sequence_nr, body, |_, payload| {
+            values.slice(end - payload.len()..end)
+        })
+    }
+
+    /// Decodes the body of a record that [`verify_event`] accepted; `payload` makes the
+    /// payload's `Bytes` from its bytes in `body`.
+    fn decode_verified(
         &mut self,
         persistence_id: &Arc<str>,
         sequence_nr: u64,
         body: &[u8],
+        payload: impl FnOnce(&mut Self, &[u8]) -> Bytes,
     ) -> Result<DecodedEvent, JournalError> {
         let corrupt = |detail: &str| JournalError::Corrupt {
             persistence_id: persistence_id.to_string(),
@@ -253,12 +287,7 @@ impl EventDecoder {
             let tag = std::str::from_utf8(tag).map_err(|_| corrupt("tag is not UTF-8"))?;
             tags.push(tag.to_string());
         }
-        let payload_bytes = reader.rest;
-        if self.payloads.capacity() - self.payloads.len() < payload_bytes.len() {
-            self.payloads = BytesMut::with_capacity(PAYLOAD_ARENA_BYTES.max(payload_bytes.len()));
-        }
-        self.payloads.extend_from_slice(payload_bytes);
-        let payload = self.payloads.split().freeze();
+        let payload = payload(self, reader.rest);
         Ok(DecodedEvent {
             offset,
             repr: PersistentRepr {
@@ -299,7 +328,8 @@ fn intern(slot: &mut Arc<str>, bytes: &[u8]) -> Option<Arc<str>> {
     Some(slot.clone())
 }
 
-fn unseal_error(persistence_id: &str, sequence_nr: u64, e: UnsealError) -> JournalError {
+/// The journal error of a record of (`persistence_id`, `sequence_nr`) that cannot be unsealed.
+pub(crate) fn unseal_error(persistence_id: &str, sequence_nr: u64, e: UnsealError) -> JournalError {
     match e {
         UnsealError::NewerVersion { found, supported } => JournalError::NewerRecordVersion {
             persistence_id: persistence_id.to_string(),

@@ -407,6 +407,74 @@ async fn a_full_write_queue_refuses_writes_without_writing_them() {
     );
 }
 
+/// Alters one payload byte of event `sequence_nr` of pid number 1 with raw RocksDB.
+fn alter_event(path: &std::path::Path, sequence_nr: u64) {
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap();
+    let events = db.cf_handle("events").unwrap();
+    let key = event_key(1, sequence_nr);
+    let mut value = db.get_cf(events, key).unwrap().expect("event stored");
+    let last = value.len() - 1;
+    value[last] ^= 0x01;
+    db.put_cf(events, key, value).unwrap();
+}
+
+#[tokio::test]
+async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("alice", 1, 50)).await.unwrap();
+    journal.close().await;
+    // Event 37 sits in the third group of records whose checksums are checked together.
+    alter_event(&config(dir.path()).path, 37);
+
+    for inline_read_events in [0, 1, 7, 128] {
+        for read_chunk_events in [1, 7, 16, 1_024] {
+            let mut config = config(dir.path());
+            config.inline_read_events = inline_read_events;
+            config.read_chunk_events = read_chunk_events;
+            let journal = RocksJournal::open(config).await.unwrap();
+            let case = format!("inline {inline_read_events}, chunk {read_chunk_events}");
+            let before = collect(journal.replay("alice", 1, 36, u64::MAX))
+                .await
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(seqs(&before), (1..=36).collect::<Vec<_>>(), "{case}");
+            assert!(
+                before
+                    .iter()
+                    .all(|e| e.payload == format!("alice-{}", e.sequence_nr).as_bytes()),
+                "{case}"
+            );
+            let mut replay = journal.replay("alice", 30, u64::MAX, u64::MAX);
+            let mut ok = Vec::new();
+            let error = loop {
+                match replay.next().await {
+                    Some(Ok(e)) => ok.push(e.sequence_nr),
+                    Some(Err(e)) => break e,
+                    None => panic!("{case}: replay of an altered record must fail"),
+                }
+            };
+            assert_eq!(ok, (30..=36).collect::<Vec<_>>(), "{case}");
+            assert!(
+                matches!(
+                    &error,
+                    JournalError::Corrupt {
+                        sequence_nr: 37,
+                        ..
+                    }
+                ),
+                "{case}: {error:?}"
+            );
+            assert!(replay.next().await.is_none(), "{case}");
+            let after = collect(journal.replay("alice", 38, u64::MAX, u64::MAX))
+                .await
+                .unwrap();
+            assert_eq!(seqs(&after), (38..=50).collect::<Vec<_>>(), "{case}");
+            journal.close().await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_record_altered_in_place_is_reported_with_its_id_and_sequence_nr() {
     let dir = tempfile::tempdir().unwrap();

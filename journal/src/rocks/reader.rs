@@ -1,9 +1,13 @@
 //! Reading the journal: point lookups of a log's number and state, and cursors that read one
-//! chunk of a replay or query at a time on tokio's blocking pool.
+//! chunk of a replay or query at a time.
 //!
-//! [`stream`] turns a cursor into a stream. It reads the next chunk while the consumer works
-//! through the current one, so a long replay keeps RocksDB and the consumer busy at the same
-//! time; live streams wait on the writer's commit counter when caught up.
+//! [`stream`] turns a cursor into a stream. It reads a small first chunk in the consumer's
+//! task, and every later chunk on tokio's blocking pool while the consumer works through the
+//! current one, so a long replay keeps RocksDB and the consumer busy at the same time; live
+//! streams wait on the writer's commit counter when caught up. Checksums are verified and
+//! records decoded on the consumer's side, several records side by side
+//! ([`storage::check_sealed_many`]), and payloads are slices of the buffer a chunk was read
+//! into.
 
 use super::Shared;
 use super::keys::{
@@ -11,7 +15,11 @@ use super::keys::{
 };
 use crate::error::JournalError;
 use crate::journal::{JournalStream, QueryMode};
-use crate::record::{EventDecoder, EventEnvelope, PersistentRepr};
+use crate::record::{
+    EventDecoder, EventEnvelope, PersistentRepr, RECORD_FORMAT_VERSION, unseal_error,
+};
+use crate::storage::{self, CHECK_GROUP};
+use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::Either;
 use std::collections::HashMap;
@@ -125,8 +133,12 @@ pub(crate) trait Cursor: Send + 'static {
     type Decoder: Send + 'static;
     /// The decoder for this cursor's chunks.
     fn decoder(&self) -> Self::Decoder;
-    /// Reads the next chunk and moves past it.
-    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<Self::Raw>, JournalError>;
+    /// Reads the next chunk of at most `limit` items and moves past it.
+    fn read_chunk(
+        &mut self,
+        shared: &Shared,
+        limit: usize,
+    ) -> Result<Chunk<Self::Raw>, JournalError>;
     /// Decodes a chunk: its items, up to the first that fails, and that failure.
     fn decode(
         decoder: &mut Self::Decoder,
@@ -202,23 +214,53 @@ impl Cursor for EventCursor {
         raw: RawEvents,
     ) -> (Vec<PersistentRepr>, Option<JournalError>) {
         let mut items = Vec::with_capacity(raw.records.len());
+        // Payloads are handed out as slices of the buffer the chunk was read into.
+        let values = Bytes::from(raw.values);
+        let persistence_id = &decoder.persistence_id;
         let mut start = 0;
-        for (sequence_nr, end) in raw.records {
-            let value = raw.values.get(start..end).unwrap_or_default();
-            start = end;
-            let key = pair_key(raw.pid_num, sequence_nr);
-            match decoder
-                .decoder
-                .decode(&decoder.persistence_id, sequence_nr, &key, value)
-            {
-                Ok(decoded) => items.push(decoded.repr),
-                Err(e) => return (items, Some(e)),
+        for group in raw.records.chunks(CHECK_GROUP) {
+            // Checksums first, a group of records side by side, then decoding.
+            let mut keys = [[0u8; 16]; CHECK_GROUP];
+            let mut ranges: [std::ops::Range<usize>; CHECK_GROUP] = Default::default();
+            for (i, &(sequence_nr, end)) in group.iter().enumerate() {
+                keys[i] = pair_key(raw.pid_num, sequence_nr);
+                ranges[i] = start..end;
+                start = end;
+            }
+            let sealed: [(&[u8], &[u8]); CHECK_GROUP] = std::array::from_fn(|i| {
+                (
+                    &keys[i][..],
+                    values.get(ranges[i].clone()).unwrap_or_default(),
+                )
+            });
+            let (valid, failure) =
+                match storage::check_sealed_many(RECORD_FORMAT_VERSION, &sealed[..group.len()]) {
+                    Ok(()) => (group.len(), None),
+                    Err((i, e)) => (i, Some(unseal_error(persistence_id, group[i].0, e))),
+                };
+            for (i, &(sequence_nr, _)) in group.iter().enumerate().take(valid) {
+                match decoder.decoder.decode_shared(
+                    persistence_id,
+                    sequence_nr,
+                    &values,
+                    ranges[i].clone(),
+                ) {
+                    Ok(decoded) => items.push(decoded.repr),
+                    Err(e) => return (items, Some(e)),
+                }
+            }
+            if failure.is_some() {
+                return (items, failure);
             }
         }
         (items, None)
     }
 
-    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<RawEvents>, JournalError> {
+    fn read_chunk(
+        &mut self,
+        shared: &Shared,
+        limit: usize,
+    ) -> Result<Chunk<RawEvents>, JournalError> {
         let caught_up = || {
             Chunk::complete(
                 RawEvents {
@@ -251,9 +293,7 @@ impl Cursor for EventCursor {
             self.next_sequence_nr = start;
             return Ok(caught_up());
         }
-        let limit = (shared.config.read_chunk_events as u64)
-            .min(self.remaining)
-            .min(end - start + 1);
+        let limit = (limit as u64).min(self.remaining).min(end - start + 1);
 
         let events = shared.cf(CF_EVENTS)?;
         let mut options = rocksdb::ReadOptions::default();
@@ -347,7 +387,11 @@ impl Cursor for TagCursor {
         (raw, None)
     }
 
-    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<Vec<EventEnvelope>>, JournalError> {
+    fn read_chunk(
+        &mut self,
+        shared: &Shared,
+        limit: usize,
+    ) -> Result<Chunk<Vec<EventEnvelope>>, JournalError> {
         let tag_num = match self.tag_num {
             Some(n) => n,
             None => match tag_num(shared, &self.tag)? {
@@ -355,7 +399,6 @@ impl Cursor for TagCursor {
                 None => return Ok(Chunk::complete(Vec::new(), true)),
             },
         };
-        let limit = shared.config.read_chunk_events;
         let mut entries = Vec::with_capacity(limit);
         {
             let mut options = rocksdb::ReadOptions::default();
@@ -460,8 +503,11 @@ impl Cursor for PersistenceIdCursor {
         (raw, None)
     }
 
-    fn read_chunk(&mut self, shared: &Shared) -> Result<Chunk<Vec<String>>, JournalError> {
-        let limit = shared.config.read_chunk_events;
+    fn read_chunk(
+        &mut self,
+        shared: &Shared,
+        limit: usize,
+    ) -> Result<Chunk<Vec<String>>, JournalError> {
         let mut options = rocksdb::ReadOptions::default();
         options.set_iterate_upper_bound(keys::pid_name_upper_bound());
         let mut iter = shared.db.raw_iterator_cf_opt(shared.cf(CF_META)?, options);
@@ -498,6 +544,9 @@ type ChunkRead<C> = (C, Result<Chunk<<C as Cursor>::Raw>, JournalError>);
 
 /// What a stream does next.
 enum Step<C: Cursor> {
+    /// Nothing read yet: the first chunk is small and read in the stream's own task (see
+    /// `JournalConfig::inline_read_events`).
+    First(C),
     Read(C),
     Reading(tokio::task::JoinHandle<ChunkRead<C>>),
     /// Caught up in a live query: wait for the next commit.
@@ -522,11 +571,54 @@ impl<C: Cursor> StreamState<C> {
         }
         let shared = self.shared.clone();
         Step::Reading(tokio::task::spawn_blocking(move || {
-            let chunk = cursor.read_chunk(&shared);
+            let limit = shared.config.read_chunk_events;
+            let chunk = cursor.read_chunk(&shared, limit);
             (cursor, chunk)
         }))
     }
+
+    /// Reads the cursor's first chunk in this task. Most logs are short (an entity's events
+    /// since its last snapshot), and for them the hop to a blocking thread and back costs
+    /// more than the read itself; a long replay reads on from the blocking pool, ahead of the
+    /// consumer.
+    fn read_first(&mut self, mut cursor: C) -> ChunkRead<C> {
+        if let Some(commits) = &mut self.commits {
+            commits.borrow_and_update();
+        }
+        let config = &self.shared.config;
+        let limit = config.read_chunk_events.min(config.inline_read_events);
+        let chunk = cursor.read_chunk(&self.shared, limit);
+        (cursor, chunk)
+    }
+
+    /// Takes in what a read returned: starts the next read, then decodes this chunk.
+    fn take(&mut self, (cursor, chunk): ChunkRead<C>) -> Option<ChunkItems<C>> {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => return Some(Err(e)),
+        };
+        // Start reading the next chunk before decoding this one.
+        self.step = if chunk.error.is_some() || cursor.finished() {
+            Step::Done
+        } else if !chunk.caught_up {
+            self.read(cursor)
+        } else if self.commits.is_some() {
+            Step::AwaitCommit(cursor)
+        } else {
+            Step::Done
+        };
+        let (items, decode_error) = C::decode(&mut self.decoder, chunk.raw);
+        // A record that fails to decode comes before anything the read stopped at.
+        let error = decode_error.or(chunk.error);
+        if error.is_some() {
+            self.step = Step::Done;
+        }
+        (!items.is_empty() || error.is_some()).then_some(Ok((items, error)))
+    }
 }
+
+/// The items of one chunk and the error the stream ends with, if any.
+type ChunkItems<C> = Result<(Vec<<C as Cursor>::Item>, Option<JournalError>), JournalError>;
 
 /// The stream of a cursor: current (`commits` is `None`) or live.
 pub(crate) fn stream<C: Cursor>(
@@ -534,55 +626,43 @@ pub(crate) fn stream<C: Cursor>(
     cursor: C,
     commits: Option<watch::Receiver<u64>>,
 ) -> JournalStream<C::Item> {
+    let inline = shared.config.inline_read_events > 0;
     let state = StreamState {
         shared,
         decoder: cursor.decoder(),
         commits,
-        step: Step::Read(cursor),
+        step: if inline {
+            Step::First(cursor)
+        } else {
+            Step::Read(cursor)
+        },
     };
     futures::stream::unfold(state, |mut state| async move {
         loop {
-            match std::mem::replace(&mut state.step, Step::Done) {
+            let read = match std::mem::replace(&mut state.step, Step::Done) {
                 Step::Done => return None,
-                Step::Read(cursor) => state.step = state.read(cursor),
+                Step::First(cursor) => state.read_first(cursor),
+                Step::Read(cursor) => {
+                    state.step = state.read(cursor);
+                    continue;
+                }
                 Step::AwaitCommit(cursor) => {
                     let commits = state.commits.as_mut()?;
                     // An error means the writer stopped: the journal was closed.
                     commits.changed().await.ok()?;
                     state.step = Step::Read(cursor);
+                    continue;
                 }
-                Step::Reading(reading) => {
-                    let (cursor, chunk) = match reading.await {
-                        Ok(done) => done,
-                        Err(e) => {
-                            let e = JournalError::Storage(format!("journal reader failed: {e}"));
-                            return Some((Err(e), state));
-                        }
-                    };
-                    let chunk = match chunk {
-                        Ok(chunk) => chunk,
-                        Err(e) => return Some((Err(e), state)),
-                    };
-                    // Start reading the next chunk before decoding this one.
-                    state.step = if chunk.error.is_some() || cursor.finished() {
-                        Step::Done
-                    } else if !chunk.caught_up {
-                        state.read(cursor)
-                    } else if state.commits.is_some() {
-                        Step::AwaitCommit(cursor)
-                    } else {
-                        Step::Done
-                    };
-                    let (items, decode_error) = C::decode(&mut state.decoder, chunk.raw);
-                    // A record that fails to decode comes before anything the read stopped at.
-                    let error = decode_error.or(chunk.error);
-                    if error.is_some() {
-                        state.step = Step::Done;
+                Step::Reading(reading) => match reading.await {
+                    Ok(done) => done,
+                    Err(e) => {
+                        let e = JournalError::Storage(format!("journal reader failed: {e}"));
+                        return Some((Err(e), state));
                     }
-                    if !items.is_empty() || error.is_some() {
-                        return Some((Ok((items, error)), state));
-                    }
-                }
+                },
+            };
+            if let Some(items) = state.take(read) {
+                return Some((items, state));
             }
         }
     })
