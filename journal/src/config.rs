@@ -61,9 +61,11 @@ pub struct JournalConfig {
     pub max_write_bytes: usize,
     /// Events read from RocksDB per step of a replay or query.
     pub read_chunk_events: usize,
-    /// Events of a replay's or query's first step read in the consumer's task rather than on
-    /// the blocking pool: short logs are read without a hop to another thread, which costs
-    /// more than reading them (0: every step on the blocking pool).
+    /// Events of a replay's first step (and of `events_by_persistence_id`'s) read in the
+    /// consumer's task rather than on the blocking pool: short logs are read without a hop to
+    /// another thread, which costs more than reading them, at the price of the task blocking
+    /// for that read (0: every step on the blocking pool, e.g. when the journal's files are
+    /// not in memory and the disk is slow).
     pub inline_read_events: usize,
     /// Size of RocksDB's block cache.
     pub block_cache_bytes: usize,

@@ -3,13 +3,15 @@
 //! Every record the journal reads is verified against its keyed BLAKE3 checksum. A record is
 //! short (one BLAKE3 chunk, at most 1 KiB, for all but large payloads), and hashing one short
 //! message cannot use the SIMD lanes BLAKE3 is fast with: its compressions follow each other.
-//! A replay verifies many records, though, so this module hashes eight of them side by side,
-//! one per 32-bit lane of AVX2 registers: the same compression function from the BLAKE3
-//! specification, applied to eight independent states. That makes verification several
-//! times cheaper per record than hashing the records one after the other.
+//! A replay verifies many records, though, so this module hashes sixteen of them side by side,
+//! one per 32-bit lane of AVX-512 registers (eight per AVX2 register where AVX-512 is
+//! missing): the same compression function from the BLAKE3 specification, applied to
+//! independent states. That makes verification several times cheaper per record than hashing
+//! the records one after the other.
 //!
-//! Messages longer than one chunk, and machines without AVX2, use the `blake3` crate one
-//! message at a time; the results are identical (tested against the crate below).
+//! Messages longer than one chunk, groups too small to fill lanes usefully, and machines
+//! without AVX2 use the `blake3` crate one message at a time; the results are identical
+//! (tested against the crate below, on every implementation the machine can run).
 
 /// Bytes of a BLAKE3 block.
 const BLOCK_LEN: usize = 64;
@@ -86,20 +88,28 @@ pub(crate) const LANES: usize = 16;
 /// of `jobs[i].message` under `jobs[i].key`. Extra entries of `out` are left alone.
 pub(crate) fn keyed_hash_lanes(jobs: &[Job<'_>], out: &mut [[u8; OUT_LEN]]) {
     let jobs = &jobs[..jobs.len().min(LANES).min(out.len())];
-    #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        // SAFETY: the CPU has AVX-512F and BW (checked at run time just above).
-        unsafe { avx512::hash_lanes(jobs, out) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        for (jobs, out) in jobs.chunks(avx2::LANES).zip(out.chunks_mut(avx2::LANES)) {
-            // SAFETY: the CPU has AVX2 (checked at run time just above).
-            unsafe { avx2::hash_lanes(jobs, out) };
+    if jobs.len() >= MIN_SIMD_JOBS {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            // SAFETY: the CPU has AVX-512F and BW (checked at run time just above).
+            unsafe { avx512::hash_lanes(jobs, out) };
+            return;
         }
-        return;
+        #[cfg(target_arch = "x86_64")]
+        if avx2::available() {
+            avx2::hash_groups(jobs, out);
+            return;
+        }
     }
+    one_by_one(jobs, out);
+}
+
+/// Fewer jobs than this are hashed one by one: a compression of all lanes costs about as
+/// much as three of one message.
+const MIN_SIMD_JOBS: usize = 3;
+
+/// Hashes each job by itself with the `blake3` crate.
+fn one_by_one(jobs: &[Job<'_>], out: &mut [[u8; OUT_LEN]]) {
     for (job, out) in jobs.iter().zip(out.iter_mut()) {
         *out = keyed_hash(&job.key, job.message);
     }
@@ -127,14 +137,25 @@ mod avx2 {
     use super::{BLOCK_LEN, CHUNK_LEN, IV, Job, OUT_LEN, SCHEDULE};
     use super::{block_count, block_flags, keyed_hash};
     use std::arch::x86_64::*;
-    use std::sync::OnceLock;
 
     /// Eight 32-bit lanes in a 256-bit register.
     pub const LANES: usize = 8;
 
+    /// Whether this CPU has AVX2 (the standard library caches the answer).
     pub fn available() -> bool {
-        static AVX2: OnceLock<bool> = OnceLock::new();
-        *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+        std::is_x86_feature_detected!("avx2")
+    }
+
+    /// Hashes any number of jobs, eight at a time (one by one without AVX2).
+    pub fn hash_groups(jobs: &[Job<'_>], out: &mut [[u8; OUT_LEN]]) {
+        if !available() {
+            super::one_by_one(jobs, out);
+            return;
+        }
+        for (jobs, out) in jobs.chunks(LANES).zip(out.chunks_mut(LANES)) {
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe { hash_lanes(jobs, out) };
+        }
     }
 
     #[target_feature(enable = "avx2")]
@@ -274,7 +295,7 @@ mod avx2 {
         std::array::from_fn(|i| _mm256_xor_si256(v[i], v[i + 8]))
     }
 
-    /// Splats a per-lane value into a register.
+    /// A register holding one value per lane.
     #[target_feature(enable = "avx2")]
     fn lanes(values: [u32; LANES]) -> __m256i {
         load(&values)
@@ -353,15 +374,12 @@ mod avx512 {
     use super::{BLOCK_LEN, CHUNK_LEN, IV, Job, LANES, OUT_LEN, SCHEDULE};
     use super::{block_count, block_flags, keyed_hash};
     use std::arch::x86_64::*;
-    use std::sync::OnceLock;
 
     const _: () = assert!(LANES == 16);
 
+    /// Whether this CPU has AVX-512F and BW (the standard library caches the answer).
     pub fn available() -> bool {
-        static AVX512: OnceLock<bool> = OnceLock::new();
-        *AVX512.get_or_init(|| {
-            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
-        })
+        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
     }
 
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -544,12 +562,6 @@ mod tests {
     use proptest::prelude::*;
 
     type Implementation = (&'static str, fn(&[Job<'_>], &mut [[u8; OUT_LEN]]));
-
-    fn one_by_one(jobs: &[Job<'_>], out: &mut [[u8; OUT_LEN]]) {
-        for (job, out) in jobs.iter().zip(out.iter_mut()) {
-            *out = keyed_hash(&job.key, job.message);
-        }
-    }
 
     /// Every implementation this machine can run, each given groups of up to [`LANES`].
     fn implementations() -> Vec<Implementation> {

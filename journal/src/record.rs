@@ -188,8 +188,9 @@ pub(crate) struct DecodedEvent {
 }
 
 /// Payload bytes a decoder reserves at a time when it copies payloads out of borrowed
-/// records: payloads of a chunk of events share these buffers.
-const PAYLOAD_ARENA_BYTES: usize = 64 * 1024;
+/// records: payloads of a chunk of events share these buffers, so a payload kept by a
+/// consumer keeps at most this much memory alive (or itself, if larger).
+pub(crate) const PAYLOAD_ARENA_BYTES: usize = 64 * 1024;
 
 /// Decodes event records, sharing names between consecutive events. Payloads are slices of
 /// shared buffers: of the buffer the records were read into ([`EventDecoder::decode_shared`])
@@ -228,8 +229,31 @@ impl EventDecoder {
         })
     }
 
-    /// Decodes the record at `range` of `values`, whose checksum [`verify_event`] already
-    /// accepted, without copying its payload: the payload is a slice of `values`.
+    /// Decodes a sealed value whose checksum was already verified, copying its payload.
+    pub fn decode_checked(
+        &mut self,
+        persistence_id: &Arc<str>,
+        sequence_nr: u64,
+        value: &[u8],
+    ) -> Result<DecodedEvent, JournalError> {
+        let body = value
+            .get(storage::SEAL_HEADER_LEN..)
+            .ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
+        self.decode_verified(persistence_id, sequence_nr, body, Self::copy_payload)
+    }
+
+    /// Copies a payload into the decoder's arena.
+    fn copy_payload(&mut self, payload: &[u8]) -> Bytes {
+        if self.payloads.capacity() - self.payloads.len() < payload.len() {
+            self.payloads = BytesMut::with_capacity(PAYLOAD_ARENA_BYTES.max(payload.len()));
+        }
+        self.payloads.extend_from_slice(payload);
+        self.payloads.split().freeze()
+    }
+
+    /// Decodes the record at `range` of `values`, whose checksum was already verified,
+    /// without copying its payload: the payload is a slice of `values`, and keeps all of
+    /// `values` alive as long as it lives.
     pub fn decode_shared(
         &mut self,
         persistence_id: &Arc<str>,
@@ -241,14 +265,11 @@ impl EventDecoder {
         let body = values
             .get(range)
             .and_then(|value| value.get(storage::SEAL_HEADER_LEN..))
-            .ok_or_else(|| JournalError::Corrupt {
-                persistence_id: persistence_id.to_string(),
-                sequence_nr,
-                detail: "record shorter than its header".to_string(),
-            })?;
-        // The payload is the rest of the body, so it ends where the record ends.
+            .ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
+        // The payload is the rest of the body, so it ends where the record ends (and `end`
+        // is inside `values`: the range was just read from it).
         self.decode_verified(persistence_id, sequence_nr, body, |_, payload| {
-            values.slice(end - payload.len()..end)
+            values.slice(end.saturating_sub(payload.len())..end)
         })
     }
 
@@ -326,6 +347,14 @@ fn intern(slot: &mut Arc<str>, bytes: &[u8]) -> Option<Arc<str>> {
         *slot = Arc::from(std::str::from_utf8(bytes).ok()?);
     }
     Some(slot.clone())
+}
+
+fn shorter_than_header(persistence_id: &str, sequence_nr: u64) -> JournalError {
+    JournalError::Corrupt {
+        persistence_id: persistence_id.to_string(),
+        sequence_nr,
+        detail: "record shorter than its header".to_string(),
+    }
 }
 
 /// The journal error of a record of (`persistence_id`, `sequence_nr`) that cannot be unsealed.

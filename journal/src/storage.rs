@@ -314,7 +314,52 @@ mod tests {
                 check(&records(&short)),
                 Err((bad, UnsealError::Truncated { length_bytes: 3 }))
             );
+            let mut newer = sealed.clone();
+            newer[bad][CHECKSUM_LEN] = 2;
+            newer[bad + 1..].iter_mut().for_each(|v| v[0] ^= 1);
+            assert_eq!(
+                check(&records(&newer)),
+                Err((
+                    bad,
+                    UnsealError::NewerVersion {
+                        found: 2,
+                        supported: 1
+                    }
+                ))
+            );
         }
+    }
+
+    #[test]
+    fn values_longer_than_a_hash_chunk_are_checked_among_short_ones() {
+        let keys: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 16]).collect();
+        let mut sealed: Vec<Vec<u8>> = keys
+            .iter()
+            .zip([10, 3000, 1024 - 1 - SEAL_HEADER_LEN + CHECKSUM_LEN, 0, 5000])
+            .map(|(key, len)| seal(1, key, &vec![7u8; len]))
+            .collect();
+        let refs = |sealed: &[Vec<u8>]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            keys.iter().cloned().zip(sealed.iter().cloned()).collect()
+        };
+        let check = |records: Vec<(Vec<u8>, Vec<u8>)>| {
+            let refs: Vec<(&[u8], &[u8])> = records
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                .collect();
+            check_sealed_many(1, &refs)
+        };
+        assert_eq!(check(refs(&sealed)), Ok(()));
+        let last = sealed[4].len() - 1;
+        sealed[4][last] ^= 1;
+        assert_eq!(
+            check(refs(&sealed)),
+            Err((4, UnsealError::ChecksumMismatch))
+        );
+        sealed[1][SEAL_HEADER_LEN + 2000] ^= 1;
+        assert_eq!(
+            check(refs(&sealed)),
+            Err((1, UnsealError::ChecksumMismatch))
+        );
     }
 
     #[test]

@@ -470,9 +470,121 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
                 .await
                 .unwrap();
             assert_eq!(seqs(&after), (38..=50).collect::<Vec<_>>(), "{case}");
+            // From the start, event 37 is lane 4 of the third group checked together: the
+            // events of the groups before it still come first.
+            let mut replay = journal.replay("alice", 1, u64::MAX, u64::MAX);
+            let mut ok = Vec::new();
+            let error = loop {
+                match replay.next().await {
+                    Some(Ok(e)) => ok.push(e.sequence_nr),
+                    Some(Err(e)) => break e,
+                    None => panic!("{case}: replay of an altered record must fail"),
+                }
+            };
+            assert_eq!(ok, (1..=36).collect::<Vec<_>>(), "{case}");
+            assert!(
+                matches!(&error, JournalError::Corrupt { sequence_nr: 37, detail, .. }
+                    if detail.contains("checksum")),
+                "{case}: {error:?}"
+            );
             journal.close().await;
         }
     }
+}
+
+#[tokio::test]
+async fn large_and_small_records_replay_with_their_payloads_whatever_the_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    let big = |seq: u64| format!("{seq:04}").repeat(300);
+    let events = (1..=80).map(|seq| event(seq, &big(seq), &[])).collect();
+    journal
+        .append(AtomicWrite {
+            persistence_id: "big".into(),
+            writer_id: "w".into(),
+            events,
+        })
+        .await
+        .unwrap();
+    journal.append(write("small", 1, 80)).await.unwrap();
+    journal.close().await;
+    for read_chunk_events in [3, 100, 1_024] {
+        let mut config = config(dir.path());
+        config.read_chunk_events = read_chunk_events;
+        let journal = RocksJournal::open(config).await.unwrap();
+        let replayed = collect(journal.replay("big", 1, u64::MAX, u64::MAX))
+            .await
+            .unwrap();
+        assert_eq!(seqs(&replayed), (1..=80).collect::<Vec<_>>());
+        for e in &replayed {
+            assert_eq!(
+                e.payload,
+                big(e.sequence_nr).as_bytes(),
+                "chunk {read_chunk_events}"
+            );
+        }
+        let replayed = collect(journal.replay("small", 1, u64::MAX, u64::MAX))
+            .await
+            .unwrap();
+        for e in &replayed {
+            assert_eq!(e.payload, format!("small-{}", e.sequence_nr).as_bytes());
+        }
+        journal.close().await;
+    }
+}
+
+#[test]
+fn a_short_replay_is_read_in_the_consumers_task_unless_configured_otherwise() {
+    // One blocking thread, kept busy: a replay read on the blocking pool cannot make
+    // progress, one read in the consumer's task can.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = open(dir.path()).await;
+        journal.append(write("a", 1, 5)).await.unwrap();
+        journal.close().await;
+        let mut inline = config(dir.path());
+        inline.inline_read_events = 128;
+        let inline = RocksJournal::open(inline).await.unwrap();
+        let mut pooled = config(dir.path());
+        pooled.path = dir.path().join("journal");
+        pooled.inline_read_events = 0;
+
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::task::spawn_blocking(move || released.recv());
+        let events = tokio::time::timeout(
+            Duration::from_secs(10),
+            collect(inline.replay("a", 1, u64::MAX, u64::MAX)),
+        )
+        .await
+        .expect("an inline replay does not need the blocking pool")
+        .unwrap();
+        assert_eq!(seqs(&events), vec![1, 2, 3, 4, 5]);
+        release.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        inline.close().await;
+
+        let pooled = RocksJournal::open(pooled).await.unwrap();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::task::spawn_blocking(move || released.recv());
+        let mut replay = pooled.replay("a", 1, u64::MAX, u64::MAX);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), replay.next())
+                .await
+                .is_err(),
+            "with inline_read_events = 0 every read waits for the blocking pool"
+        );
+        release.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        assert_eq!(replay.next().await.unwrap().unwrap().sequence_nr, 1);
+        drop(replay);
+        pooled.close().await;
+    });
 }
 
 #[tokio::test]

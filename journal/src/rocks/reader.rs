@@ -16,7 +16,8 @@ use super::keys::{
 use crate::error::JournalError;
 use crate::journal::{JournalStream, QueryMode};
 use crate::record::{
-    EventDecoder, EventEnvelope, PersistentRepr, RECORD_FORMAT_VERSION, unseal_error,
+    EventDecoder, EventEnvelope, PAYLOAD_ARENA_BYTES, PersistentRepr, RECORD_FORMAT_VERSION,
+    unseal_error,
 };
 use crate::storage::{self, CHECK_GROUP};
 use bytes::Bytes;
@@ -121,10 +122,14 @@ impl<R> Chunk<R> {
 
 /// A position in a replay or query that can read its next chunk.
 ///
-/// Reading (`read_chunk`, on the blocking pool) and decoding (`decode`, in the stream's task)
-/// are separate so that a long replay verifies checksums and decodes one chunk while RocksDB
-/// reads the next on another core.
+/// Reading (`read_chunk`, on the blocking pool but for a replay's small first chunk) and
+/// decoding (`decode`, in the stream's task) are separate so that a long replay verifies
+/// checksums and decodes one chunk while RocksDB reads the next on another core.
 pub(crate) trait Cursor: Send + 'static {
+    /// Whether the first chunk is read in the stream's task (see
+    /// `JournalConfig::inline_read_events`): for sequential reads of one log, not for queries
+    /// that look records up one by one.
+    const READ_FIRST_INLINE: bool = false;
     /// What a read step yields.
     type Raw: Send + 'static;
     /// What the stream yields.
@@ -198,6 +203,7 @@ impl EventCursor {
 }
 
 impl Cursor for EventCursor {
+    const READ_FIRST_INLINE: bool = true;
     type Raw = RawEvents;
     type Item = PersistentRepr;
     type Decoder = LogDecoder;
@@ -214,7 +220,10 @@ impl Cursor for EventCursor {
         raw: RawEvents,
     ) -> (Vec<PersistentRepr>, Option<JournalError>) {
         let mut items = Vec::with_capacity(raw.records.len());
-        // Payloads are handed out as slices of the buffer the chunk was read into.
+        // A small chunk's payloads are handed out as slices of the buffer it was read into;
+        // a larger chunk's are copied into the decoder's arena, so that a payload a consumer
+        // keeps never keeps more than an arena's worth of other records alive.
+        let shared = raw.values.capacity() <= PAYLOAD_ARENA_BYTES;
         let values = Bytes::from(raw.values);
         let persistence_id = &decoder.persistence_id;
         let mut start = 0;
@@ -239,12 +248,19 @@ impl Cursor for EventCursor {
                     Err((i, e)) => (i, Some(unseal_error(persistence_id, group[i].0, e))),
                 };
             for (i, &(sequence_nr, _)) in group.iter().enumerate().take(valid) {
-                match decoder.decoder.decode_shared(
-                    persistence_id,
-                    sequence_nr,
-                    &values,
-                    ranges[i].clone(),
-                ) {
+                let decoded = if shared {
+                    decoder.decoder.decode_shared(
+                        persistence_id,
+                        sequence_nr,
+                        &values,
+                        ranges[i].clone(),
+                    )
+                } else {
+                    decoder
+                        .decoder
+                        .decode_checked(persistence_id, sequence_nr, sealed[i].1)
+                };
+                match decoded {
                     Ok(decoded) => items.push(decoded.repr),
                     Err(e) => return (items, Some(e)),
                 }
@@ -545,7 +561,7 @@ type ChunkRead<C> = (C, Result<Chunk<<C as Cursor>::Raw>, JournalError>);
 /// What a stream does next.
 enum Step<C: Cursor> {
     /// Nothing read yet: the first chunk is small and read in the stream's own task (see
-    /// `JournalConfig::inline_read_events`).
+    /// [`Cursor::READ_FIRST_INLINE`]).
     First(C),
     Read(C),
     Reading(tokio::task::JoinHandle<ChunkRead<C>>),
@@ -626,7 +642,7 @@ pub(crate) fn stream<C: Cursor>(
     cursor: C,
     commits: Option<watch::Receiver<u64>>,
 ) -> JournalStream<C::Item> {
-    let inline = shared.config.inline_read_events > 0;
+    let inline = C::READ_FIRST_INLINE && shared.config.inline_read_events > 0;
     let state = StreamState {
         shared,
         decoder: cursor.decoder(),
