@@ -264,6 +264,7 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         cluster: cluster.clone(),
         transport: transport.clone(),
         replicator: replicator.clone(),
+        entities: entities.clone(),
     });
     let (http_shutdown, mut shutdown_rx) = watch::channel(false);
     let services =
@@ -380,6 +381,7 @@ struct NodeControl {
     cluster: ClusterHandle,
     transport: Arc<TcpTransport>,
     replicator: ReplicatorHandle,
+    entities: Arc<EntityTypes>,
 }
 
 impl NodeControl {
@@ -473,6 +475,12 @@ impl ClusterControl for NodeControl {
             ddata_decode_errors_total: ddata.decode_errors.load(Relaxed),
             ddata_dropped_notifications_total: ddata.dropped_notifications.load(Relaxed),
             ddata_durable_failures_total: ddata.durable_failures.load(Relaxed),
+            entity_types: self
+                .entities
+                .stats()
+                .into_iter()
+                .map(|(name, stats)| (name.to_string(), stats))
+                .collect(),
         }
     }
 }

@@ -162,4 +162,19 @@ async fn deposits_survive_sigkill_and_graceful_restart_and_overdrafts_are_refuse
         "{}",
         malformed.body
     );
+
+    // The node's metrics count the account entities it started (carol and alice).
+    let metrics = http_client::request(node.http, "GET", "/metrics", None, REQUEST_TIMEOUT)
+        .await
+        .expect("metrics");
+    let value = |series: &str| -> u64 {
+        metrics
+            .body
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing:\n{}", metrics.body))
+    };
+    let started = value("tessera_entities_started_total{type=\"account\"}");
+    let live = value("tessera_entities_live{type=\"account\"}");
+    assert!(started >= 2 && live <= started, "{}", metrics.body);
 }

@@ -5,7 +5,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tessera_entities::{AskError, EntityError, EntityHost, EntityType};
+use tessera_entities::{AskError, EntityError, EntityHost, EntityType, HostStats};
 
 /// Why a JSON command got no JSON reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,6 +38,9 @@ pub trait JsonEntityType: Send + Sync + 'static {
 
     /// Stops the type's entities after they finish what they accepted.
     fn shutdown(&self) -> BoxFuture<'_, ()>;
+
+    /// The host's lifecycle counters.
+    fn stats(&self) -> HostStats;
 }
 
 impl<E: EntityType> JsonEntityType for EntityHost<E> {
@@ -78,6 +81,10 @@ impl<E: EntityType> JsonEntityType for EntityHost<E> {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         EntityHost::shutdown(self).boxed()
     }
+
+    fn stats(&self) -> HostStats {
+        EntityHost::stats(self)
+    }
 }
 
 /// The entity types a node hosts, by name. Built at start and read-only afterwards, so the
@@ -106,6 +113,14 @@ impl EntityTypes {
     /// The registered names, sorted.
     pub fn names(&self) -> Vec<&'static str> {
         self.types.keys().copied().collect()
+    }
+
+    /// Each type's lifecycle counters, by name.
+    pub fn stats(&self) -> Vec<(&'static str, HostStats)> {
+        self.types
+            .iter()
+            .map(|(name, host)| (*name, host.stats()))
+            .collect()
     }
 
     /// Shuts every type's host down.

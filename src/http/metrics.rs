@@ -6,6 +6,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use std::fmt::Write;
 use tessera_cluster::MemberStatus;
+use tessera_entities::HostStats;
 
 /// Content type of the Prometheus text format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -58,6 +59,8 @@ pub struct NodeMetrics {
     pub ddata_dropped_notifications_total: u64,
     /// Durable-key writes that failed.
     pub ddata_durable_failures_total: u64,
+    /// Lifecycle counters of each hosted entity type, by type name.
+    pub entity_types: Vec<(String, HostStats)>,
 }
 
 /// Refused connections by reason (the `reason` label).
@@ -117,6 +120,14 @@ impl<'a> Family<'a> {
     }
 }
 
+/// A label value escaped as the text format wants: backslash, double quote and newline.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// Renders `metrics` in the Prometheus text format. Every member status and every refusal
 /// reason is present, zeros included, so dashboards never see a series appear from nowhere.
 pub fn render_prometheus(metrics: &NodeMetrics) -> String {
@@ -135,6 +146,29 @@ pub fn render_prometheus(metrics: &NodeMetrics) -> String {
         members = members.sample(&format!("status=\"{}\"", status.as_str()), count);
     }
     let refused = metrics.connections_refused_total;
+    let mut live = Family::new(
+        "tessera_entities_live",
+        "gauge",
+        "Entity incarnations running now, by entity type.",
+    );
+    let mut started = Family::new(
+        "tessera_entities_started_total",
+        "counter",
+        "Entity incarnations started (first commands, and restarts after a passivation or \
+         stop), by entity type.",
+    );
+    let mut handed_over = Family::new(
+        "tessera_entities_commands_handed_over_total",
+        "counter",
+        "Commands that arrived while their entity was stopping and went to its next \
+         incarnation, by entity type.",
+    );
+    for (entity_type, stats) in &metrics.entity_types {
+        let label = format!("type=\"{}\"", escape_label(entity_type));
+        live = live.sample(&label, stats.live_entities);
+        started = started.sample(&label, stats.incarnations_started);
+        handed_over = handed_over.sample(&label, stats.commands_handed_over);
+    }
     let families = [
         members,
         Family::gauge(
@@ -245,6 +279,9 @@ pub fn render_prometheus(metrics: &NodeMetrics) -> String {
             "Durable-key writes that failed.",
             metrics.ddata_durable_failures_total,
         ),
+        live,
+        started,
+        handed_over,
     ];
     let mut out = String::with_capacity(4096);
     for family in &families {

@@ -6,6 +6,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, header};
 use serde_json::{Value, json};
 use tessera_cluster::MemberStatus;
+use tessera_entities::HostStats;
 use tower::ServiceExt;
 
 struct Reply {
@@ -340,6 +341,17 @@ async fn metrics_are_prometheus_text_with_every_series() {
             malformed: 0,
             oversize: 2,
         },
+        entity_types: vec![
+            (
+                "account".to_string(),
+                HostStats {
+                    live_entities: 4,
+                    incarnations_started: 9,
+                    commands_handed_over: 2,
+                },
+            ),
+            ("odd\"type".to_string(), HostStats::default()),
+        ],
         ..NodeMetrics::default()
     };
     let reply = send(&Arc::new(control), Method::GET, "/metrics", None).await;
@@ -362,6 +374,11 @@ async fn metrics_are_prometheus_text_with_every_series() {
         "tessera_transport_connections_refused_total{reason=\"auth\"} 1",
         "tessera_transport_connections_refused_total{reason=\"malformed\"} 0",
         "tessera_transport_connections_refused_total{reason=\"oversize\"} 2",
+        "# TYPE tessera_entities_live gauge",
+        "tessera_entities_live{type=\"account\"} 4",
+        "tessera_entities_started_total{type=\"account\"} 9",
+        "tessera_entities_commands_handed_over_total{type=\"account\"} 2",
+        "tessera_entities_live{type=\"odd\\\"type\"} 0",
     ] {
         assert!(
             reply.body.lines().any(|l| l.starts_with(line)),
@@ -379,7 +396,7 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    assert_eq!(names.len(), 22);
+    assert_eq!(names.len(), 25);
     for name in &names {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         assert!(name.starts_with("tessera_"), "{name}");
@@ -388,7 +405,8 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         }
     }
     let samples = text.lines().filter(|l| !l.starts_with('#')).count();
-    // 7 statuses + 3 refusal reasons + 20 single-sample families.
+    // 7 statuses + 3 refusal reasons + 20 single-sample families; the entity families have
+    // one sample per hosted type, and there are none here.
     assert_eq!(samples, 7 + 3 + 20);
 }
 
