@@ -132,6 +132,77 @@ fn block_flags(index: usize, count: usize) -> u32 {
     flags
 }
 
+/// The compression function of the specification on every lane of one register type. It is
+/// expanded in each SIMD module, whose `add`, `xor`, `rotr16`, `rotr12`, `rotr8`, `rotr7`,
+/// `splat` and `zero` (32-bit lane operations) it uses.
+#[cfg(target_arch = "x86_64")]
+macro_rules! lane_compression {
+    ($vector:ty, $features:literal) => {
+        /// The quarter-round G on state words a, b, c, d of every lane.
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        fn g(
+            v: &mut [$vector; 16],
+            a: usize,
+            b: usize,
+            c: usize,
+            d: usize,
+            x: $vector,
+            y: $vector,
+        ) {
+            v[a] = add(add(v[a], v[b]), x);
+            v[d] = rotr16(xor(v[d], v[a]));
+            v[c] = add(v[c], v[d]);
+            v[b] = rotr12(xor(v[b], v[c]));
+            v[a] = add(add(v[a], v[b]), y);
+            v[d] = rotr8(xor(v[d], v[a]));
+            v[c] = add(v[c], v[d]);
+            v[b] = rotr7(xor(v[b], v[c]));
+        }
+
+        /// Compresses one block in every lane; returns the new chaining values. `m` holds
+        /// the message words (register `i`: word `i` of every lane).
+        #[target_feature(enable = $features)]
+        fn compress(
+            cv: &[$vector; 8],
+            m: &[$vector; 16],
+            block_len: $vector,
+            flags: $vector,
+        ) -> [$vector; 8] {
+            let mut v = [
+                cv[0],
+                cv[1],
+                cv[2],
+                cv[3],
+                cv[4],
+                cv[5],
+                cv[6],
+                cv[7],
+                splat(IV[0]),
+                splat(IV[1]),
+                splat(IV[2]),
+                splat(IV[3]),
+                // The chunk counter: every message is chunk 0 of its own input.
+                zero(),
+                zero(),
+                block_len,
+                flags,
+            ];
+            for s in &SCHEDULE {
+                g(&mut v, 0, 4, 8, 12, m[s[0]], m[s[1]]);
+                g(&mut v, 1, 5, 9, 13, m[s[2]], m[s[3]]);
+                g(&mut v, 2, 6, 10, 14, m[s[4]], m[s[5]]);
+                g(&mut v, 3, 7, 11, 15, m[s[6]], m[s[7]]);
+                g(&mut v, 0, 5, 10, 15, m[s[8]], m[s[9]]);
+                g(&mut v, 1, 6, 11, 12, m[s[10]], m[s[11]]);
+                g(&mut v, 2, 7, 8, 13, m[s[12]], m[s[13]]);
+                g(&mut v, 3, 4, 9, 14, m[s[14]], m[s[15]]);
+            }
+            std::array::from_fn(|i| xor(v[i], v[i + 8]))
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{BLOCK_LEN, CHUNK_LEN, IV, Job, OUT_LEN, SCHEDULE};
@@ -240,60 +311,27 @@ mod avx2 {
         _mm256_or_si256(_mm256_srli_epi32::<7>(x), _mm256_slli_epi32::<25>(x))
     }
 
-    /// The quarter-round G of the specification on state words a, b, c, d of every lane.
     #[target_feature(enable = "avx2")]
-    #[allow(clippy::too_many_arguments)]
-    fn g(v: &mut [__m256i; 16], a: usize, b: usize, c: usize, d: usize, x: __m256i, y: __m256i) {
-        v[a] = _mm256_add_epi32(_mm256_add_epi32(v[a], v[b]), x);
-        v[d] = rotr16(_mm256_xor_si256(v[d], v[a]));
-        v[c] = _mm256_add_epi32(v[c], v[d]);
-        v[b] = rotr12(_mm256_xor_si256(v[b], v[c]));
-        v[a] = _mm256_add_epi32(_mm256_add_epi32(v[a], v[b]), y);
-        v[d] = rotr8(_mm256_xor_si256(v[d], v[a]));
-        v[c] = _mm256_add_epi32(v[c], v[d]);
-        v[b] = rotr7(_mm256_xor_si256(v[b], v[c]));
+    fn add(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(a, b)
     }
 
-    /// The compression function on every lane; returns the new chaining values. `m` holds
-    /// the message words (register `i`: word `i` of every lane).
     #[target_feature(enable = "avx2")]
-    fn compress(
-        cv: &[__m256i; 8],
-        m: &[__m256i; 16],
-        block_len: __m256i,
-        flags: __m256i,
-    ) -> [__m256i; 8] {
-        let mut v = [
-            cv[0],
-            cv[1],
-            cv[2],
-            cv[3],
-            cv[4],
-            cv[5],
-            cv[6],
-            cv[7],
-            _mm256_set1_epi32(IV[0] as i32),
-            _mm256_set1_epi32(IV[1] as i32),
-            _mm256_set1_epi32(IV[2] as i32),
-            _mm256_set1_epi32(IV[3] as i32),
-            // The chunk counter: every message is chunk 0 of its own input.
-            _mm256_setzero_si256(),
-            _mm256_setzero_si256(),
-            block_len,
-            flags,
-        ];
-        for s in &SCHEDULE {
-            g(&mut v, 0, 4, 8, 12, m[s[0]], m[s[1]]);
-            g(&mut v, 1, 5, 9, 13, m[s[2]], m[s[3]]);
-            g(&mut v, 2, 6, 10, 14, m[s[4]], m[s[5]]);
-            g(&mut v, 3, 7, 11, 15, m[s[6]], m[s[7]]);
-            g(&mut v, 0, 5, 10, 15, m[s[8]], m[s[9]]);
-            g(&mut v, 1, 6, 11, 12, m[s[10]], m[s[11]]);
-            g(&mut v, 2, 7, 8, 13, m[s[12]], m[s[13]]);
-            g(&mut v, 3, 4, 9, 14, m[s[14]], m[s[15]]);
-        }
-        std::array::from_fn(|i| _mm256_xor_si256(v[i], v[i + 8]))
+    fn xor(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_xor_si256(a, b)
     }
+
+    #[target_feature(enable = "avx2")]
+    fn splat(word: u32) -> __m256i {
+        _mm256_set1_epi32(word as i32)
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn zero() -> __m256i {
+        _mm256_setzero_si256()
+    }
+
+    lane_compression!(__m256i, "avx2");
 
     /// A register holding one value per lane.
     #[target_feature(enable = "avx2")]
@@ -445,58 +483,47 @@ mod avx512 {
         out
     }
 
-    /// The quarter-round G of the specification on state words a, b, c, d of every lane.
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn g(v: &mut [__m512i; 16], a: usize, b: usize, c: usize, d: usize, x: __m512i, y: __m512i) {
-        v[a] = _mm512_add_epi32(_mm512_add_epi32(v[a], v[b]), x);
-        v[d] = _mm512_ror_epi32::<16>(_mm512_xor_si512(v[d], v[a]));
-        v[c] = _mm512_add_epi32(v[c], v[d]);
-        v[b] = _mm512_ror_epi32::<12>(_mm512_xor_si512(v[b], v[c]));
-        v[a] = _mm512_add_epi32(_mm512_add_epi32(v[a], v[b]), y);
-        v[d] = _mm512_ror_epi32::<8>(_mm512_xor_si512(v[d], v[a]));
-        v[c] = _mm512_add_epi32(v[c], v[d]);
-        v[b] = _mm512_ror_epi32::<7>(_mm512_xor_si512(v[b], v[c]));
+    fn add(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
     }
 
-    /// The compression function on every lane; returns the new chaining values.
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn compress(
-        cv: &[__m512i; 8],
-        m: &[__m512i; 16],
-        block_len: __m512i,
-        flags: __m512i,
-    ) -> [__m512i; 8] {
-        let mut v = [
-            cv[0],
-            cv[1],
-            cv[2],
-            cv[3],
-            cv[4],
-            cv[5],
-            cv[6],
-            cv[7],
-            _mm512_set1_epi32(IV[0] as i32),
-            _mm512_set1_epi32(IV[1] as i32),
-            _mm512_set1_epi32(IV[2] as i32),
-            _mm512_set1_epi32(IV[3] as i32),
-            // The chunk counter: every message is chunk 0 of its own input.
-            _mm512_setzero_si512(),
-            _mm512_setzero_si512(),
-            block_len,
-            flags,
-        ];
-        for s in &SCHEDULE {
-            g(&mut v, 0, 4, 8, 12, m[s[0]], m[s[1]]);
-            g(&mut v, 1, 5, 9, 13, m[s[2]], m[s[3]]);
-            g(&mut v, 2, 6, 10, 14, m[s[4]], m[s[5]]);
-            g(&mut v, 3, 7, 11, 15, m[s[6]], m[s[7]]);
-            g(&mut v, 0, 5, 10, 15, m[s[8]], m[s[9]]);
-            g(&mut v, 1, 6, 11, 12, m[s[10]], m[s[11]]);
-            g(&mut v, 2, 7, 8, 13, m[s[12]], m[s[13]]);
-            g(&mut v, 3, 4, 9, 14, m[s[14]], m[s[15]]);
-        }
-        std::array::from_fn(|i| _mm512_xor_si512(v[i], v[i + 8]))
+    fn xor(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_xor_si512(a, b)
     }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn rotr16(x: __m512i) -> __m512i {
+        _mm512_ror_epi32::<16>(x)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn rotr12(x: __m512i) -> __m512i {
+        _mm512_ror_epi32::<12>(x)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn rotr8(x: __m512i) -> __m512i {
+        _mm512_ror_epi32::<8>(x)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn rotr7(x: __m512i) -> __m512i {
+        _mm512_ror_epi32::<7>(x)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn splat(word: u32) -> __m512i {
+        _mm512_set1_epi32(word as i32)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn zero() -> __m512i {
+        _mm512_setzero_si512()
+    }
+
+    lane_compression!(__m512i, "avx512f,avx512bw");
 
     /// See [`super::keyed_hash_lanes`]; `jobs` has at most [`LANES`] entries.
     #[target_feature(enable = "avx512f,avx512bw")]

@@ -407,6 +407,26 @@ async fn a_full_write_queue_refuses_writes_without_writing_them() {
     );
 }
 
+/// Replays `persistence_id` from `from` up to the error it must end with: the sequence
+/// numbers before it, and the error (after which the stream has ended).
+async fn replay_until_error(
+    journal: &RocksJournal,
+    persistence_id: &str,
+    from: u64,
+) -> (Vec<u64>, JournalError) {
+    let mut replay = journal.replay(persistence_id, from, u64::MAX, u64::MAX);
+    let mut ok = Vec::new();
+    let error = loop {
+        match replay.next().await {
+            Some(Ok(e)) => ok.push(e.sequence_nr),
+            Some(Err(e)) => break e,
+            None => panic!("replay of {persistence_id} from {from} must fail"),
+        }
+    };
+    assert!(replay.next().await.is_none(), "an error ends the stream");
+    (ok, error)
+}
+
 /// Alters one payload byte of event `sequence_nr` of pid number 1 with raw RocksDB.
 fn alter_event(path: &std::path::Path, sequence_nr: u64) {
     let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
@@ -445,15 +465,7 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
                     .all(|e| e.payload == format!("alice-{}", e.sequence_nr).as_bytes()),
                 "{case}"
             );
-            let mut replay = journal.replay("alice", 30, u64::MAX, u64::MAX);
-            let mut ok = Vec::new();
-            let error = loop {
-                match replay.next().await {
-                    Some(Ok(e)) => ok.push(e.sequence_nr),
-                    Some(Err(e)) => break e,
-                    None => panic!("{case}: replay of an altered record must fail"),
-                }
-            };
+            let (ok, error) = replay_until_error(&journal, "alice", 30).await;
             assert_eq!(ok, (30..=36).collect::<Vec<_>>(), "{case}");
             assert!(
                 matches!(
@@ -465,22 +477,13 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
                 ),
                 "{case}: {error:?}"
             );
-            assert!(replay.next().await.is_none(), "{case}");
             let after = collect(journal.replay("alice", 38, u64::MAX, u64::MAX))
                 .await
                 .unwrap();
             assert_eq!(seqs(&after), (38..=50).collect::<Vec<_>>(), "{case}");
             // From the start, event 37 is lane 4 of the third group checked together: the
             // events of the groups before it still come first.
-            let mut replay = journal.replay("alice", 1, u64::MAX, u64::MAX);
-            let mut ok = Vec::new();
-            let error = loop {
-                match replay.next().await {
-                    Some(Ok(e)) => ok.push(e.sequence_nr),
-                    Some(Err(e)) => break e,
-                    None => panic!("{case}: replay of an altered record must fail"),
-                }
-            };
+            let (ok, error) = replay_until_error(&journal, "alice", 1).await;
             assert_eq!(ok, (1..=36).collect::<Vec<_>>(), "{case}");
             assert!(
                 matches!(&error, JournalError::Corrupt { sequence_nr: 37, detail, .. }
@@ -610,22 +613,13 @@ async fn a_record_altered_in_place_is_reported_with_its_id_and_sequence_nr() {
     };
 
     let journal = open(dir.path()).await;
-    let mut replay = journal.replay("alice", 1, u64::MAX, u64::MAX);
-    let mut ok = Vec::new();
-    let error = loop {
-        match replay.next().await {
-            Some(Ok(e)) => ok.push(e.sequence_nr),
-            Some(Err(e)) => break e,
-            None => panic!("replay of an altered record must fail"),
-        }
-    };
+    let (ok, error) = replay_until_error(&journal, "alice", 1).await;
     assert_eq!(ok, vec![1, 2]);
     assert!(
         matches!(&error, JournalError::Corrupt { persistence_id, sequence_nr: 3, .. } if persistence_id == "alice"),
         "{error:?}"
     );
     assert!(error.to_string().contains("alice#3"), "{error}");
-    assert!(replay.next().await.is_none(), "an error ends the stream");
     // Nothing was changed: the altered bytes are still there, the log is intact otherwise.
     assert_eq!(journal.highest_sequence_nr("alice").await.unwrap(), 5);
     journal.close().await;
