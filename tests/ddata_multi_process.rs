@@ -126,7 +126,7 @@ async fn durable_keys_are_present_after_a_node_restart() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let node = start_nodes(dir.path(), &[port]).await.pop().unwrap();
-    for key in ["durable-orders", "volatile"] {
+    for key in ["durable-orders", "volatile", "durable-carts"] {
         for n in 0..3 {
             let r = post(
                 &node,
@@ -154,4 +154,21 @@ async fn durable_keys_are_present_after_a_node_restart() {
         "a key that is not durable is gone: {}",
         volatile.body
     );
+    // The keys that are left, a page at a time, in order.
+    let first = get(&node, "/ddata/keys?limit=1").await;
+    assert_eq!(
+        first.json().unwrap(),
+        serde_json::json!({"keys": ["durable-carts"], "next": "durable-carts"}),
+        "{}",
+        first.body
+    );
+    let rest = get(&node, "/ddata/keys?after=durable-carts&limit=5").await;
+    assert_eq!(
+        rest.json().unwrap(),
+        serde_json::json!({"keys": ["durable-orders"], "next": null}),
+        "{}",
+        rest.body
+    );
+    let bad = get(&node, "/ddata/keys?limit=0").await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
 }

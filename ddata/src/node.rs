@@ -7,8 +7,9 @@ use crate::consistency::{ReadConsistency, WriteConsistency};
 use crate::durable::{DurableStore, DurableStoreError};
 use crate::envelope::DataEnvelope;
 use crate::replicator::{
-    Command, DeleteResult, GetResult, Input, MembershipView, Output, Replicator, ReplicatorConfig,
-    ReplicatorMessage, RequestId, Response, SubscriberId, Time, UpdateContext, UpdateResult,
+    Command, DeleteResult, GetResult, Input, KeysPage, MembershipView, Output, Replicator,
+    ReplicatorConfig, ReplicatorMessage, RequestId, Response, SubscriberId, Time, UpdateContext,
+    UpdateResult,
 };
 use crate::value::ReplicatedValue;
 use bytes::Bytes;
@@ -197,11 +198,19 @@ impl ReplicatorHandle {
         }
     }
 
-    /// The keys that hold a value on this node.
-    pub async fn keys(&self) -> Result<Vec<String>, ReplicatorError> {
-        match self.request(Command::Keys).await? {
-            Response::Keys(keys) => Ok(keys),
-            _ => Ok(Vec::new()),
+    /// The keys that hold a value on this node, in order: at most `limit` after `after`.
+    pub async fn keys(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<KeysPage, ReplicatorError> {
+        let command = Command::Keys {
+            after: after.map(str::to_string),
+            limit,
+        };
+        match self.request(command).await? {
+            Response::Keys(page) => Ok(page),
+            _ => Ok(KeysPage::default()),
         }
     }
 

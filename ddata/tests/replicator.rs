@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use tessera_cluster::MemberStatus;
 use tessera_ddata::replicator::{
-    Command, DeleteResult, GetResult, MembershipView, Output, ReplicatorConfig, Response,
+    Command, DeleteResult, GetResult, KeysPage, MembershipView, Output, ReplicatorConfig, Response,
     UpdateResult,
 };
 use tessera_ddata::{ReadConsistency, ReplicatedValue, WriteConsistency};
@@ -195,8 +195,14 @@ fn a_deleted_key_stays_deleted() {
     }
     let id = increment(&mut sim, 0, "d", 1, MAJORITY_W);
     assert_eq!(update_answer(&mut sim, 0, id), UpdateResult::Deleted);
-    let id = sim.submit(0, Command::Keys);
-    assert_eq!(answer(&mut sim, 0, id), Response::Keys(vec![]));
+    let id = sim.submit(
+        0,
+        Command::Keys {
+            after: None,
+            limit: 10,
+        },
+    );
+    assert_eq!(answer(&mut sim, 0, id), Response::Keys(KeysPage::default()));
 }
 
 #[test]
@@ -657,4 +663,36 @@ fn a_new_leader_takes_over_an_unfinished_pruning() {
     });
     assert!(pruned, "the new leader prunes both removed nodes");
     assert_eq!(local_counter(&sim, 2, "p"), Some(6));
+}
+
+#[test]
+fn keys_come_in_pages_in_order_without_deleted_ones() {
+    let mut sim = sim(3, quorum_only(), 7);
+    for key in ["k3", "k1", "k5", "k2", "k4"] {
+        let id = increment(&mut sim, 0, key, 1, WriteConsistency::Local);
+        assert_eq!(update_answer(&mut sim, 0, id), UpdateResult::Success);
+    }
+    let id = delete(&mut sim, 0, "k2", WriteConsistency::Local);
+    answer(&mut sim, 0, id);
+    let mut page = |after: Option<&str>, limit: usize| {
+        let id = sim.submit(
+            0,
+            Command::Keys {
+                after: after.map(str::to_string),
+                limit,
+            },
+        );
+        match answer(&mut sim, 0, id) {
+            Response::Keys(page) => page,
+            other => panic!("expected keys, got {other:?}"),
+        }
+    };
+    let first = page(None, 2);
+    assert_eq!(first.keys, ["k1", "k3"]);
+    assert!(first.more);
+    let second = page(Some("k3"), 2);
+    assert_eq!(second.keys, ["k4", "k5"]);
+    assert!(!second.more);
+    let all = page(None, 10);
+    assert_eq!(all.keys, ["k1", "k3", "k4", "k5"]);
 }

@@ -1,5 +1,5 @@
 //! Distributed Data over HTTP: `GET`, `POST` and `DELETE /ddata/{type}/{key}` and
-//! `GET /ddata/keys`, on the node's Replicator.
+//! `GET /ddata/keys?after=&limit=` (a page of keys in order), on the node's Replicator.
 //!
 //! Types: `counter` (PNCounter; `{"increment": n}`, `{"decrement": n}`), `set` (ORSet of
 //! strings; `{"add": "x"}`, `{"remove": "x"}`), `register` (LWWRegister of JSON;
@@ -185,6 +185,31 @@ struct DataView {
 #[derive(Debug, Serialize)]
 struct KeysView {
     keys: Vec<String>,
+    /// Pass as `after` for the next page; `null` on the last one.
+    next: Option<String>,
+}
+
+/// Keys per page of `GET /ddata/keys` unless `limit` says otherwise, and the most it may say.
+const DEFAULT_KEYS_PER_PAGE: usize = 1_000;
+const MAX_KEYS_PER_PAGE: usize = 10_000;
+
+#[derive(Debug, Deserialize)]
+struct KeysParams {
+    after: Option<String>,
+    limit: Option<String>,
+}
+
+/// The page size asked for, checked.
+fn parse_limit(text: Option<&str>) -> Result<usize, ApiError> {
+    let Some(text) = text else {
+        return Ok(DEFAULT_KEYS_PER_PAGE);
+    };
+    match text.parse::<usize>() {
+        Ok(limit) if (1..=MAX_KEYS_PER_PAGE).contains(&limit) => Ok(limit),
+        _ => Err(ApiError::bad_request(format!(
+            "limit {text:?} must be a whole number from 1 to {MAX_KEYS_PER_PAGE}"
+        ))),
+    }
 }
 
 fn unavailable(e: ReplicatorError) -> ApiError {
@@ -260,9 +285,25 @@ fn request_parts(
     Ok((data_type, level, timeout))
 }
 
-async fn keys(State(replicator): State<ReplicatorHandle>) -> Result<Json<KeysView>, ApiError> {
-    let keys = replicator.keys().await.map_err(unavailable)?;
-    Ok(Json(KeysView { keys }))
+async fn keys(
+    State(replicator): State<ReplicatorHandle>,
+    params: Result<Query<KeysParams>, QueryRejection>,
+) -> Result<Json<KeysView>, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let limit = parse_limit(params.limit.as_deref())?;
+    let page = replicator
+        .keys(params.after.as_deref(), limit)
+        .await
+        .map_err(unavailable)?;
+    let next = if page.more {
+        page.keys.last().cloned()
+    } else {
+        None
+    };
+    Ok(Json(KeysView {
+        keys: page.keys,
+        next,
+    }))
 }
 
 async fn read(
@@ -612,6 +653,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.contains("counter"), "{error}");
+    }
+
+    #[test]
+    fn a_keys_page_size_is_checked() {
+        assert_eq!(parse_limit(None).unwrap(), DEFAULT_KEYS_PER_PAGE);
+        assert_eq!(parse_limit(Some("1")).unwrap(), 1);
+        assert_eq!(parse_limit(Some("10000")).unwrap(), MAX_KEYS_PER_PAGE);
+        for bad in ["0", "10001", "-3", "many", ""] {
+            let error = parse_limit(Some(bad)).err().unwrap();
+            assert!(error.message.contains("limit"), "{}", error.message);
+        }
     }
 
     #[test]

@@ -154,8 +154,9 @@ pub enum Command {
         key: String,
         subscriber: SubscriberId,
     },
-    /// The keys that hold a value (not deleted ones).
-    Keys,
+    /// The keys that hold a value (not deleted ones), in order: the first `limit` after
+    /// `after` (from the first key when `None`).
+    Keys { after: Option<String>, limit: usize },
 }
 
 /// The answer to a `Get`.
@@ -193,12 +194,51 @@ pub enum DeleteResult {
 }
 
 /// A reply to a local request.
+/// One page of keys, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KeysPage {
+    pub keys: Vec<String>,
+    /// More keys follow the last one.
+    pub more: bool,
+}
+
+impl KeysPage {
+    /// The first `limit` of `keys` (in any order, each once) that come after `after`, in
+    /// order. Keeps only `limit` of them at a time, so a page of a large store costs a pass
+    /// over its keys, not a sort of all of them.
+    pub fn of<'k>(keys: impl Iterator<Item = &'k str>, after: Option<&str>, limit: usize) -> Self {
+        let mut smallest: std::collections::BinaryHeap<&str> =
+            std::collections::BinaryHeap::with_capacity(limit.saturating_add(1).min(1 << 16));
+        let mut more = false;
+        for key in keys.filter(|k| after.is_none_or(|after| *k > after)) {
+            if smallest.len() < limit {
+                smallest.push(key);
+            } else {
+                more = true;
+                if let Some(mut largest) = smallest.peek_mut()
+                    && key < *largest
+                {
+                    *largest = key;
+                }
+            }
+        }
+        KeysPage {
+            keys: smallest
+                .into_sorted_vec()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            more,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Response {
     Get(GetResult),
     Update(UpdateResult),
     Delete(DeleteResult),
-    Keys(Vec<String>),
+    Keys(KeysPage),
     Subscribed,
 }
 
@@ -471,16 +511,14 @@ impl Replicator {
                 }
                 self.reply(id, Response::Subscribed);
             }
-            Command::Keys => {
-                let keys = self
+            Command::Keys { after, limit } => {
+                let live = self
                     .store
                     .iter()
                     .filter(|(_, e)| !e.is_deleted())
-                    .map(|(k, _)| k.clone())
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect();
-                self.reply(id, Response::Keys(keys));
+                    .map(|(k, _)| k.as_str());
+                let page = KeysPage::of(live, after.as_deref(), limit);
+                self.reply(id, Response::Keys(page));
             }
         }
     }
@@ -644,4 +682,45 @@ fn split_by_size<T>(items: Vec<T>, max_bytes: usize, size: impl Fn(&T) -> usize)
         batches.push(batch);
     }
     batches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeysPage;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn pages_of_keys_are_the_sorted_keys_in_order(
+            keys in proptest::collection::btree_set("[a-e]{0,3}", 0..60),
+            limit in 1usize..10,
+        ) {
+            // Shuffled input: the store holds keys in no particular order.
+            let mut shuffled: Vec<&str> = keys.iter().map(String::as_str).collect();
+            shuffled.reverse();
+            shuffled.rotate_left(keys.len() / 3);
+            let mut paged = Vec::new();
+            let mut after: Option<String> = None;
+            loop {
+                let page = KeysPage::of(shuffled.iter().copied(), after.as_deref(), limit);
+                prop_assert!(page.keys.len() <= limit);
+                paged.extend(page.keys.iter().cloned());
+                if !page.more {
+                    break;
+                }
+                prop_assert_eq!(page.keys.len(), limit);
+                after = page.keys.last().cloned();
+            }
+            prop_assert_eq!(paged, keys.into_iter().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_page_after_the_last_key_is_empty_and_final() {
+        let keys = ["b", "a", "c"];
+        let page = KeysPage::of(keys.iter().copied(), Some("c"), 5);
+        assert_eq!(page, KeysPage::default());
+        let page = KeysPage::of(keys.iter().copied(), None, 3);
+        assert_eq!((page.keys.len(), page.more), (3, false));
+    }
 }
