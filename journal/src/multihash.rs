@@ -120,6 +120,45 @@ fn block_count(message: &[u8]) -> usize {
     message.len().div_ceil(BLOCK_LEN).max(1)
 }
 
+/// Gives each job a lane: the blocks of its message and its key, or 0 blocks for a message
+/// longer than a chunk, which the crate hashes into `out` right away.
+#[cfg(target_arch = "x86_64")]
+fn assign_lanes<const N: usize>(
+    jobs: &[Job<'_>],
+    out: &mut [[u8; OUT_LEN]],
+) -> ([usize; N], [[u8; 32]; N]) {
+    let mut blocks = [0usize; N];
+    let mut keys = [[0u8; 32]; N];
+    for (lane, job) in jobs.iter().enumerate().take(N) {
+        if job.message.len() > CHUNK_LEN {
+            // A tree of chunks: the crate hashes it, and the lane stays idle.
+            out[lane] = keyed_hash(&job.key, job.message);
+            continue;
+        }
+        blocks[lane] = block_count(job.message);
+        keys[lane] = job.key;
+    }
+    (blocks, keys)
+}
+
+/// Copies the output of every lane whose message ended with block `index` from the first
+/// four words of the lanes' chaining values.
+#[cfg(target_arch = "x86_64")]
+fn keep_outputs<const N: usize>(
+    blocks: &[usize; N],
+    index: usize,
+    words: &[[u32; N]; 4],
+    out: &mut [[u8; OUT_LEN]],
+) {
+    for (lane, &count) in blocks.iter().enumerate() {
+        if count == index + 1 {
+            for (i, word) in words.iter().enumerate() {
+                out[lane][4 * i..4 * i + 4].copy_from_slice(&word[lane].to_le_bytes());
+            }
+        }
+    }
+}
+
 /// The domain flags of block `index` of a message of `count` blocks.
 fn block_flags(index: usize, count: usize) -> u32 {
     let mut flags = KEYED_HASH;
@@ -205,8 +244,8 @@ macro_rules! lane_compression {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{BLOCK_LEN, CHUNK_LEN, IV, Job, OUT_LEN, SCHEDULE};
-    use super::{block_count, block_flags, keyed_hash};
+    use super::{BLOCK_LEN, IV, Job, OUT_LEN, SCHEDULE};
+    use super::{assign_lanes, block_flags, keep_outputs};
     use std::arch::x86_64::*;
 
     /// Eight 32-bit lanes in a 256-bit register.
@@ -342,18 +381,7 @@ mod avx2 {
     /// See [`super::keyed_hash_lanes`]; `jobs` has at most [`LANES`] entries.
     #[target_feature(enable = "avx2")]
     pub fn hash_lanes(jobs: &[Job<'_>], out: &mut [[u8; OUT_LEN]]) {
-        // Blocks of each lane's message; 0 for a lane that takes no part.
-        let mut blocks = [0usize; LANES];
-        let mut keys = [[0u8; 32]; LANES];
-        for (lane, job) in jobs.iter().enumerate() {
-            if job.message.len() > CHUNK_LEN {
-                // A tree of chunks: the crate hashes it, and the lane stays idle.
-                out[lane] = keyed_hash(&job.key, job.message);
-                continue;
-            }
-            blocks[lane] = block_count(job.message);
-            keys[lane] = job.key;
-        }
+        let (blocks, keys) = assign_lanes::<LANES>(jobs, out);
         let most_blocks = blocks.iter().copied().max().unwrap_or(0);
         // Keyed mode: the key is the first chaining value.
         let mut cv = transpose(std::array::from_fn(|lane| load_bytes(&keys[lane])));
@@ -396,21 +424,15 @@ mod avx2 {
             // Some lanes' messages ended with this block: their chaining value is the root
             // output, of which the first four words are kept.
             let words: [[u32; LANES]; 4] = std::array::from_fn(|i| store(cv[i]));
-            for (lane, &count) in blocks.iter().enumerate() {
-                if count == index + 1 {
-                    for (i, word) in words.iter().enumerate() {
-                        out[lane][4 * i..4 * i + 4].copy_from_slice(&word[lane].to_le_bytes());
-                    }
-                }
-            }
+            keep_outputs(&blocks, index, &words, out);
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{BLOCK_LEN, CHUNK_LEN, IV, Job, LANES, OUT_LEN, SCHEDULE};
-    use super::{block_count, block_flags, keyed_hash};
+    use super::{BLOCK_LEN, IV, Job, LANES, OUT_LEN, SCHEDULE};
+    use super::{assign_lanes, block_flags, keep_outputs};
     use std::arch::x86_64::*;
 
     const _: () = assert!(LANES == 16);
@@ -528,18 +550,7 @@ mod avx512 {
     /// See [`super::keyed_hash_lanes`]; `jobs` has at most [`LANES`] entries.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub fn hash_lanes(jobs: &[Job<'_>], out: &mut [[u8; OUT_LEN]]) {
-        // Blocks of each lane's message; 0 for a lane that takes no part.
-        let mut blocks = [0usize; LANES];
-        let mut keys = [[0u8; 32]; LANES];
-        for (lane, job) in jobs.iter().enumerate() {
-            if job.message.len() > CHUNK_LEN {
-                // A tree of chunks: the crate hashes it, and the lane stays idle.
-                out[lane] = keyed_hash(&job.key, job.message);
-                continue;
-            }
-            blocks[lane] = block_count(job.message);
-            keys[lane] = job.key;
-        }
+        let (blocks, keys) = assign_lanes::<LANES>(jobs, out);
         let most_blocks = blocks.iter().copied().max().unwrap_or(0);
         // Keyed mode: the key is the first chaining value.
         let key_rows: [__m512i; 16] = std::array::from_fn(|lane| load_row(&keys[lane]));
@@ -572,13 +583,7 @@ mod avx512 {
             // Some lanes' messages ended with this block: their chaining value is the root
             // output, of which the first four words are kept.
             let words: [[u32; LANES]; 4] = std::array::from_fn(|i| store(cv[i]));
-            for (lane, &count) in blocks.iter().enumerate() {
-                if count == index + 1 {
-                    for (i, word) in words.iter().enumerate() {
-                        out[lane][4 * i..4 * i + 4].copy_from_slice(&word[lane].to_le_bytes());
-                    }
-                }
-            }
+            keep_outputs(&blocks, index, &words, out);
         }
     }
 }
