@@ -67,6 +67,21 @@ async fn replay_honours_range_and_maximum() {
 }
 
 #[tokio::test]
+async fn a_finished_replay_stays_finished_when_polled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 3)).await.unwrap();
+    for persistence_id in ["a", "never-written"] {
+        let mut replay = journal.replay(persistence_id, 1, u64::MAX, u64::MAX);
+        while let Some(event) = replay.next().await {
+            event.unwrap();
+        }
+        assert!(replay.next().await.is_none(), "{persistence_id}");
+        assert!(replay.next().await.is_none(), "{persistence_id}");
+    }
+}
+
+#[tokio::test]
 async fn wrong_sequence_numbers_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let journal = open(dir.path()).await;

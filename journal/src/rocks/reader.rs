@@ -21,8 +21,8 @@ use crate::record::{
 };
 use crate::storage::{self, CHECK_GROUP};
 use bytes::Bytes;
-use futures::StreamExt;
-use futures::future::Either;
+use futures::stream::{BoxStream, Fuse};
+use futures::{Stream, StreamExt};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -653,7 +653,7 @@ pub(crate) fn stream<C: Cursor>(
             Step::Read(cursor)
         },
     };
-    futures::stream::unfold(state, |mut state| async move {
+    let chunks = futures::stream::unfold(state, |mut state| async move {
         loop {
             let read = match std::mem::replace(&mut state.step, Step::Done) {
                 Step::Done => return None,
@@ -682,11 +682,57 @@ pub(crate) fn stream<C: Cursor>(
             }
         }
     })
-    .flat_map(|chunk| match chunk {
-        Ok((items, error)) => Either::Left(futures::stream::iter(
-            items.into_iter().map(Ok).chain(error.map(Err)),
-        )),
-        Err(e) => Either::Right(futures::stream::once(async move { Err(e) })),
-    })
     .boxed()
+    // Fused: a consumer may poll again after the end, which `unfold` does not allow.
+    .fuse();
+    ChunkedStream::<C> {
+        chunks,
+        items: Vec::new().into_iter(),
+        error: None,
+    }
+    .boxed()
+}
+
+/// Hands out the items of a stream of chunks one by one. Written out rather than composed
+/// from `flat_map`: a replay moves every event through here, and each layer of adapters
+/// costs a move of the event and a poll per event.
+struct ChunkedStream<C: Cursor> {
+    chunks: Fuse<BoxStream<'static, ChunkItems<C>>>,
+    /// The rest of the current chunk.
+    items: std::vec::IntoIter<C::Item>,
+    /// The error the current chunk ends with.
+    error: Option<JournalError>,
+}
+
+// Nothing in it is pinned in place: the chunk stream is boxed, and items are moved out of a
+// vector.
+impl<C: Cursor> Unpin for ChunkedStream<C> {}
+
+impl<C: Cursor> Stream for ChunkedStream<C> {
+    type Item = Result<C::Item, JournalError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        loop {
+            if let Some(item) = this.items.next() {
+                return Poll::Ready(Some(Ok(item)));
+            }
+            if let Some(e) = this.error.take() {
+                return Poll::Ready(Some(Err(e)));
+            }
+            match this.chunks.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok((items, error)))) => {
+                    this.items = items.into_iter();
+                    this.error = error;
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
 }
