@@ -67,8 +67,11 @@ pub struct JournalConfig {
     /// for that read (0: every step on the blocking pool, e.g. when the journal's files are
     /// not in memory and the disk is slow).
     pub inline_read_events: usize,
-    /// Size of RocksDB's block cache.
+    /// Size of RocksDB's block cache for events.
     pub block_cache_bytes: usize,
+    /// Size of the separate block cache of the journal's metadata (log numbers and states,
+    /// tags), which every replay reads first; kept apart so that long replays do not evict it.
+    pub metadata_cache_bytes: usize,
     /// Size of each RocksDB memtable.
     pub write_buffer_bytes: usize,
 }
@@ -87,6 +90,7 @@ impl JournalConfig {
             read_chunk_events: 1_024,
             inline_read_events: 128,
             block_cache_bytes: 64 * 1024 * 1024,
+            metadata_cache_bytes: 8 * 1024 * 1024,
             write_buffer_bytes: 64 * 1024 * 1024,
         }
     }
