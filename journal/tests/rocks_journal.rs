@@ -7,7 +7,8 @@ use common::{collect, config, event, open, write};
 use futures::StreamExt;
 use std::time::Duration;
 use tessera_journal::{
-    AtomicWrite, Journal, JournalError, QueryMode, RocksJournal, event_key, storage,
+    AtomicWrite, Journal, JournalError, QueryMode, RocksJournal, STORE_FORMAT_VERSION, event_key,
+    storage,
 };
 
 fn seqs(events: &[tessera_journal::PersistentRepr]) -> Vec<u64> {
@@ -732,7 +733,7 @@ async fn a_store_of_a_newer_format_is_refused_and_left_untouched() {
         db.put_cf(
             db.cf_handle("meta").unwrap(),
             storage::FORMAT_VERSION_KEY,
-            2u32.to_be_bytes(),
+            (STORE_FORMAT_VERSION + 1).to_be_bytes(),
         )
         .unwrap();
         db.flush_cf(db.cf_handle("meta").unwrap()).unwrap();
@@ -761,10 +762,10 @@ async fn a_store_of_a_newer_format_is_refused_and_left_untouched() {
         matches!(
             &error,
             JournalError::StoreFormat(storage::StoreFormatError::Newer {
-                found: 2,
-                supported: 1,
+                found,
+                supported,
                 ..
-            })
+            }) if *found == STORE_FORMAT_VERSION + 1 && *supported == STORE_FORMAT_VERSION
         ),
         "{error:?}"
     );
@@ -774,6 +775,97 @@ async fn a_store_of_a_newer_format_is_refused_and_left_untouched() {
         before,
         "the refused store's files are unchanged"
     );
+}
+
+/// Rewrites the metadata of a format-2 store as store format 1 wrote it: the `p` value of a
+/// log holds its number alone, and its state lives under `s` ++ number.
+fn downgrade_to_format_1(path: &std::path::Path, persistence_ids: &[&str]) {
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap();
+    let meta = db.cf_handle("meta").unwrap();
+    for pid in persistence_ids {
+        let key = [b"p".as_slice(), pid.as_bytes()].concat();
+        let value = db.get_cf(meta, &key).unwrap().unwrap();
+        assert_eq!(value.len(), 24, "a format-2 value");
+        db.put_cf(meta, &key, &value[..8]).unwrap();
+        let state_key = [b"s".as_slice(), &value[..8]].concat();
+        db.put_cf(meta, state_key, &value[8..]).unwrap();
+    }
+    db.put_cf(meta, storage::FORMAT_VERSION_KEY, 1u32.to_be_bytes())
+        .unwrap();
+    db.flush_cf(meta).unwrap();
+}
+
+/// The store format version and the number of format-1 state records of a closed store.
+fn format_and_legacy_states(path: &std::path::Path) -> (u32, usize) {
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap();
+    let meta = db.cf_handle("meta").unwrap();
+    let version = db
+        .get_cf(meta, storage::FORMAT_VERSION_KEY)
+        .unwrap()
+        .unwrap();
+    let states = db
+        .prefix_iterator_cf(meta, b"s")
+        .map(|item| item.unwrap())
+        .take_while(|(key, _)| key.starts_with(b"s"))
+        .count();
+    (u32::from_be_bytes(version[..].try_into().unwrap()), states)
+}
+
+#[tokio::test]
+async fn a_store_of_format_1_is_read_and_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path()).path;
+    let journal = open(dir.path()).await;
+    journal.append(write("a", 1, 10)).await.unwrap();
+    journal.delete_to("a", 3).await.unwrap();
+    journal
+        .append(AtomicWrite {
+            persistence_id: "b".into(),
+            writer_id: "w".into(),
+            events: vec![event(1, "b-1", &["green"]), event(2, "b-2", &["green"])],
+        })
+        .await
+        .unwrap();
+    journal.close().await;
+    downgrade_to_format_1(&path, &["a", "b"]);
+    assert_eq!(format_and_legacy_states(&path), (1, 2));
+
+    let journal = open(dir.path()).await;
+    // Everything reads as before the downgrade.
+    let a = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&a), (4..=10).collect::<Vec<_>>());
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 10);
+    assert_eq!(journal.highest_sequence_nr("b").await.unwrap(), 2);
+    let green = collect(journal.events_by_tag("green", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(green.len(), 2);
+    // A write continues the log and replaces its format-1 state; the other log keeps its own.
+    let error = journal.append(write("a", 10, 10)).await.err().unwrap();
+    assert!(
+        matches!(error, JournalError::SequenceMismatch { expected: 11, .. }),
+        "{error:?}"
+    );
+    journal.append(write("a", 11, 12)).await.unwrap();
+    journal.delete_to("a", 5).await.unwrap();
+    let a = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&a), (6..=12).collect::<Vec<_>>());
+    journal.close().await;
+    assert_eq!(format_and_legacy_states(&path), (STORE_FORMAT_VERSION, 1));
+
+    let journal = open(dir.path()).await;
+    assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 12);
+    let b = collect(journal.replay("b", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&b), vec![1, 2]);
+    journal.close().await;
 }
 
 #[tokio::test]

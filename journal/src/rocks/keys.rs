@@ -6,10 +6,15 @@
 //!   prefix bloom filter so that a replay's seek skips files without the log.
 //! - `tag_index`: `tag_num (u64 BE) ++ offset (u64 BE)` → `pid_num ++ sequence_nr`.
 //! - `meta`: small records distinguished by their first byte:
-//!   `p` ++ persistence id → pid_num; `n` ++ pid_num → persistence id (also the
-//!   persistence-id order); `t` ++ tag → tag_num; `s` ++ pid_num → [`LogState`];
-//!   `d` ++ pid_num → first sequence number not yet physically deleted (a deletion in
-//!   progress); `c` → [`Counters`]; `format_version` → the store format (u32 BE).
+//!   `p` ++ persistence id → pid_num ++ [`LogState`] (see [`encode_log`]); `n` ++ pid_num →
+//!   persistence id (also the persistence-id order); `t` ++ tag → tag_num; `d` ++ pid_num →
+//!   first sequence number not yet physically deleted (a deletion in progress); `c` →
+//!   [`Counters`]; `format_version` → the store format (u32 BE).
+//!
+//! Store format 1 kept a log's state apart, under `s` ++ pid_num, with the `p` value holding
+//! the number alone; a replay then needed two lookups before its first read. Format 2 keeps
+//! them together. A format-1 log is still read (its `p` value is 8 bytes long), and its `s`
+//! record is replaced by the longer `p` value at its next write.
 //!
 //! Persistence ids and tags are mapped to numbers so that the hot keys stay 16 bytes whatever
 //! the names' lengths.
@@ -80,7 +85,8 @@ pub(crate) fn tag_key(tag: &str) -> Vec<u8> {
     prefixed(TAG_PREFIX, tag.as_bytes())
 }
 
-pub(crate) fn state_key(pid_num: u64) -> Vec<u8> {
+/// The key of a format-1 log state.
+pub(crate) fn legacy_state_key(pid_num: u64) -> Vec<u8> {
     prefixed(STATE_PREFIX, &pid_num.to_be_bytes())
 }
 
@@ -125,6 +131,26 @@ impl LogState {
             highest,
             deleted_to,
         })
+    }
+}
+
+/// The `p` value of log `pid_num` in `state`.
+pub(crate) fn encode_log(pid_num: u64, state: LogState) -> [u8; 24] {
+    let mut out = [0u8; 24];
+    out[..8].copy_from_slice(&pid_num.to_be_bytes());
+    out[8..].copy_from_slice(&state.encode());
+    out
+}
+
+/// A `p` value: the log's number and, but for a format-1 value, its state.
+pub(crate) fn decode_log(value: &[u8]) -> Option<(u64, Option<LogState>)> {
+    match value.len() {
+        8 => Some((decode_u64(value)?, None)),
+        24 => Some((
+            decode_u64(&value[..8])?,
+            Some(LogState::decode(&value[8..])?),
+        )),
+        _ => None,
     }
 }
 
@@ -197,7 +223,7 @@ mod tests {
         assert!(parse_pid_name_key(&pid_key("x")).is_none());
         assert_eq!(parse_pid_name_key(&pid_name_key(7)), Some(7));
         assert_eq!(parse_deletion_key(&deletion_key(9)), Some(9));
-        assert!(parse_deletion_key(&state_key(9)).is_none());
+        assert!(parse_deletion_key(&legacy_state_key(9)).is_none());
         assert!(parse_pair(&[0u8; 15]).is_none());
         assert!(parse_pair(&[0u8; 17]).is_none());
     }
@@ -216,5 +242,18 @@ mod tests {
         };
         assert_eq!(Counters::decode(&counters.encode()), Some(counters));
         assert_eq!(Counters::decode(&[1, 2]), None);
+    }
+
+    #[test]
+    fn log_values_of_both_formats_decode() {
+        let state = LogState {
+            highest: 10,
+            deleted_to: 4,
+        };
+        assert_eq!(decode_log(&encode_log(7, state)), Some((7, Some(state))));
+        assert_eq!(decode_log(&7u64.to_be_bytes()), Some((7, None)));
+        for len in [0, 7, 9, 16, 23, 25] {
+            assert_eq!(decode_log(&vec![1u8; len]), None, "{len} bytes");
+        }
     }
 }

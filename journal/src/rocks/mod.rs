@@ -24,8 +24,9 @@ pub fn event_key(pid_num: u64, sequence_nr: u64) -> [u8; 16] {
     keys::pair_key(pid_num, sequence_nr)
 }
 
-/// The store format version this release writes; stores with a higher one are refused.
-pub const STORE_FORMAT_VERSION: u32 = 1;
+/// The store format version this release writes; stores with a higher one are refused, and
+/// stores of version 1 (log states kept apart from log numbers) are read and upgraded.
+pub const STORE_FORMAT_VERSION: u32 = 2;
 
 /// What the writer, the readers and the handle share.
 pub(crate) struct Shared {
@@ -117,7 +118,10 @@ impl RocksJournal {
         let (options, cfs) = rocksdb_options(&config);
         let db = DB::open_cf_descriptors(&options, &config.path, cfs)?;
         let shared = Arc::new(Shared { db, config });
-        if existing.is_none() {
+        // A format-1 store is marked as format 2 before anything is written to it: from now on
+        // its logs' records get the longer format-2 values, which an older release cannot
+        // read and refuses the store for.
+        if existing != Some(STORE_FORMAT_VERSION) {
             let mut write_options = rocksdb::WriteOptions::default();
             write_options.set_sync(true);
             shared.db.put_cf_opt(
@@ -271,9 +275,7 @@ impl Journal for RocksJournal {
         let persistence_id = persistence_id.to_string();
         async move {
             tokio::task::spawn_blocking(move || {
-                Ok(reader::log_of(&shared, &persistence_id)?
-                    .map(|(_, state)| state.highest)
-                    .unwrap_or(0))
+                Ok(reader::state_of(&shared, &persistence_id)?.highest)
             })
             .await
             .map_err(|e| JournalError::Storage(format!("reader task failed: {e}")))?

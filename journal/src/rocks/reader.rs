@@ -30,11 +30,18 @@ use tokio::sync::watch;
 /// Names a reading cursor remembers (pid number → persistence id) before starting afresh.
 const MAX_REMEMBERED_NAMES: usize = 10_000;
 
-/// The number and state of a log, `None` if it was never written.
-pub(crate) fn log_of(
-    shared: &Shared,
-    persistence_id: &str,
-) -> Result<Option<(u64, LogState)>, JournalError> {
+/// A log as its metadata describes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Log {
+    pub pid_num: u64,
+    pub state: LogState,
+    /// Its state is a store-format-1 record of its own, to be replaced at the next write.
+    pub legacy_state: bool,
+}
+
+/// The number and state of a log, `None` if it was never written: one lookup, two for a log
+/// last written in store format 1.
+pub(crate) fn log_of(shared: &Shared, persistence_id: &str) -> Result<Option<Log>, JournalError> {
     let meta = shared.cf(CF_META)?;
     let Some(value) = shared
         .db
@@ -42,23 +49,41 @@ pub(crate) fn log_of(
     else {
         return Ok(None);
     };
-    let pid_num = keys::decode_u64(&value).ok_or_else(|| {
-        JournalError::CorruptMetadata(format!("malformed number of log {persistence_id}"))
+    let (pid_num, state) = keys::decode_log(&value).ok_or_else(|| {
+        JournalError::CorruptMetadata(format!("malformed record of log {persistence_id}"))
     })?;
-    Ok(Some((pid_num, state_of(shared, pid_num)?)))
+    Ok(Some(match state {
+        Some(state) => Log {
+            pid_num,
+            state,
+            legacy_state: false,
+        },
+        None => Log {
+            pid_num,
+            state: legacy_state_of(shared, pid_num)?,
+            legacy_state: true,
+        },
+    }))
 }
 
-/// The state of log number `pid_num`.
-pub(crate) fn state_of(shared: &Shared, pid_num: u64) -> Result<LogState, JournalError> {
+/// The state of log number `pid_num` in store format 1.
+fn legacy_state_of(shared: &Shared, pid_num: u64) -> Result<LogState, JournalError> {
     match shared
         .db
-        .get_pinned_cf(shared.cf(CF_META)?, keys::state_key(pid_num))?
+        .get_pinned_cf(shared.cf(CF_META)?, keys::legacy_state_key(pid_num))?
     {
         None => Ok(LogState::default()),
         Some(value) => LogState::decode(&value).ok_or_else(|| {
             JournalError::CorruptMetadata(format!("malformed state of log number {pid_num}"))
         }),
     }
+}
+
+/// The state of a log, the default one if it was never written.
+pub(crate) fn state_of(shared: &Shared, persistence_id: &str) -> Result<LogState, JournalError> {
+    Ok(log_of(shared, persistence_id)?
+        .map(|log| log.state)
+        .unwrap_or_default())
 }
 
 /// The number of a tag, `None` if no event ever carried it.
@@ -74,7 +99,8 @@ pub(crate) fn tag_num(shared: &Shared, tag: &str) -> Result<Option<u64>, Journal
     }
 }
 
-fn pid_name(shared: &Shared, pid_num: u64) -> Result<Arc<str>, JournalError> {
+/// The persistence id of log number `pid_num`.
+pub(crate) fn pid_name(shared: &Shared, pid_num: u64) -> Result<Arc<str>, JournalError> {
     let value = shared
         .db
         .get_pinned_cf(shared.cf(CF_META)?, keys::pid_name_key(pid_num))?
@@ -171,7 +197,6 @@ pub(crate) struct LogDecoder {
 /// Events of one log, for replays and `events_by_persistence_id`.
 pub(crate) struct EventCursor {
     persistence_id: Arc<str>,
-    pid_num: Option<u64>,
     next_sequence_nr: u64,
     to_sequence_nr: u64,
     remaining: u64,
@@ -184,7 +209,6 @@ impl EventCursor {
     pub fn new(persistence_id: &str, from: u64, to: u64, max: u64, mode: QueryMode) -> Self {
         EventCursor {
             persistence_id: Arc::from(persistence_id),
-            pid_num: None,
             next_sequence_nr: from.max(1),
             to_sequence_nr: to,
             remaining: max,
@@ -287,15 +311,8 @@ impl Cursor for EventCursor {
                 true,
             )
         };
-        let (pid_num, state) = match self.pid_num {
-            Some(pid_num) => (pid_num, state_of(shared, pid_num)?),
-            None => match log_of(shared, &self.persistence_id)? {
-                Some((pid_num, state)) => {
-                    self.pid_num = Some(pid_num);
-                    (pid_num, state)
-                }
-                None => return Ok(caught_up()),
-            },
+        let Some(Log { pid_num, state, .. }) = log_of(shared, &self.persistence_id)? else {
+            return Ok(caught_up());
         };
         if self.mode == QueryMode::Current && !self.end_fixed {
             self.to_sequence_nr = self.to_sequence_nr.min(state.highest);
@@ -331,7 +348,7 @@ impl Cursor for EventCursor {
             };
             if sequence_nr != expected {
                 // A gap is only legitimate if a delete_to committed since the state was read.
-                let now = state_of(shared, pid_num)?;
+                let now = state_of(shared, &self.persistence_id)?;
                 if now.deleted_to < sequence_nr - 1 {
                     return Err(self.missing(expected, sequence_nr - 1));
                 }
@@ -355,7 +372,7 @@ impl Cursor for EventCursor {
             });
         }
         if read < limit && expected <= end {
-            let now = state_of(shared, pid_num)?;
+            let now = state_of(shared, &self.persistence_id)?;
             if now.deleted_to < end {
                 return Err(self.missing(expected, end));
             }
@@ -448,18 +465,6 @@ impl Cursor for TagCursor {
         let mut items = Vec::with_capacity(entries.len());
         for &(offset, pid_num, sequence_nr) in &entries {
             self.after_offset = offset;
-            let deleted_to = match states.get(&pid_num) {
-                Some(state) => state.deleted_to,
-                None => {
-                    states
-                        .entry(pid_num)
-                        .or_insert(state_of(shared, pid_num)?)
-                        .deleted_to
-                }
-            };
-            if sequence_nr <= deleted_to {
-                continue;
-            }
             let persistence_id = match self.names.get(&pid_num) {
                 Some(name) => name.clone(),
                 None => self
@@ -468,6 +473,18 @@ impl Cursor for TagCursor {
                     .or_insert(pid_name(shared, pid_num)?)
                     .clone(),
             };
+            let deleted_to = match states.get(&pid_num) {
+                Some(state) => state.deleted_to,
+                None => {
+                    states
+                        .entry(pid_num)
+                        .or_insert(state_of(shared, &persistence_id)?)
+                        .deleted_to
+                }
+            };
+            if sequence_nr <= deleted_to {
+                continue;
+            }
             let key = pair_key(pid_num, sequence_nr);
             let Some(value) = shared
                 .db

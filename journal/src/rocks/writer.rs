@@ -65,11 +65,7 @@ impl WriterRequest {
 }
 
 /// A log's number and state as the writer knows it.
-#[derive(Debug, Clone, Copy)]
-struct CachedLog {
-    pid_num: u64,
-    state: LogState,
-}
+type CachedLog = reader::Log;
 
 /// Events of a log to remove from disk: `from..=to`.
 #[derive(Debug, Clone, Copy)]
@@ -163,7 +159,7 @@ fn load_deletions(shared: &Shared) -> Result<BTreeMap<u64, PendingDeletion>, Jou
                 "malformed pending-deletion record".into(),
             ));
         };
-        let state = reader::state_of(shared, pid_num)?;
+        let state = reader::state_of(shared, &reader::pid_name(shared, pid_num)?)?;
         deletions.insert(
             pid_num,
             PendingDeletion {
@@ -175,6 +171,19 @@ fn load_deletions(shared: &Shared) -> Result<BTreeMap<u64, PendingDeletion>, Jou
     }
     iter.status()?;
     Ok(deletions)
+}
+
+/// Writes a log's number and state, replacing a store-format-1 state record.
+fn put_log(batch: &mut WriteBatch, meta: &rocksdb::ColumnFamily, pid: &str, log: &mut CachedLog) {
+    batch.put_cf(
+        meta,
+        keys::pid_key(pid),
+        keys::encode_log(log.pid_num, log.state),
+    );
+    if log.legacy_state {
+        batch.delete_cf(meta, keys::legacy_state_key(log.pid_num));
+        log.legacy_state = false;
+    }
 }
 
 fn compact(shared: Arc<Shared>, queue: std::sync::mpsc::Receiver<(Vec<u8>, Vec<u8>)>) {
@@ -362,8 +371,7 @@ impl Writer {
         if let Some(log) = staged.logs.get(pid).or_else(|| self.logs.get(pid)) {
             return Ok(Some(*log));
         }
-        let found =
-            reader::log_of(&self.shared, pid)?.map(|(pid_num, state)| CachedLog { pid_num, state });
+        let found = reader::log_of(&self.shared, pid)?;
         if let Some(log) = found {
             if self.logs.len() >= MAX_CACHED_NAMES {
                 self.logs.clear();
@@ -443,11 +451,11 @@ impl Writer {
             None => {
                 let pid_num = staged.counters.next_pid_num;
                 staged.counters.next_pid_num += 1;
-                batch.put_cf(meta, keys::pid_key(pid), pid_num.to_be_bytes());
                 batch.put_cf(meta, keys::pid_name_key(pid_num), pid.as_bytes());
                 CachedLog {
                     pid_num,
                     state: LogState::default(),
+                    legacy_state: false,
                 }
             }
         };
@@ -469,7 +477,7 @@ impl Writer {
             }
             log.state.highest = event.sequence_nr;
         }
-        batch.put_cf(meta, keys::state_key(log.pid_num), log.state.encode());
+        put_log(batch, meta, pid, &mut log);
         staged.logs.insert(pid.to_string(), log);
         Ok(())
     }
@@ -494,7 +502,7 @@ impl Writer {
             .get(&log.pid_num)
             .map_or(log.state.deleted_to + 1, |pending| pending.from);
         log.state.deleted_to = to;
-        batch.put_cf(meta, keys::state_key(log.pid_num), log.state.encode());
+        put_log(batch, meta, pid, &mut log);
         batch.put_cf(meta, keys::deletion_key(log.pid_num), from.to_be_bytes());
         staged
             .deletions
