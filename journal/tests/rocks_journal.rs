@@ -828,9 +828,30 @@ async fn a_store_of_format_1_is_read_and_upgraded() {
         })
         .await
         .unwrap();
+    journal
+        .append(AtomicWrite {
+            persistence_id: "c".into(),
+            writer_id: "w".into(),
+            events: (1..=4)
+                .map(|seq| event(seq, &format!("c-{seq}"), &["red"]))
+                .collect(),
+        })
+        .await
+        .unwrap();
     journal.close().await;
-    downgrade_to_format_1(&path, &["a", "b"]);
-    assert_eq!(format_and_legacy_states(&path), (1, 2));
+    downgrade_to_format_1(&path, &["a", "b", "c"]);
+    assert_eq!(format_and_legacy_states(&path), (1, 3));
+    // Events of c up to 2 deleted logically, not yet physically, as format 1 recorded it.
+    {
+        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let meta = db.cf_handle("meta").unwrap();
+        let pid_num = db.get_cf(meta, b"pc").unwrap().unwrap();
+        let state = [4u64.to_be_bytes(), 2u64.to_be_bytes()].concat();
+        db.put_cf(meta, [b"s".as_slice(), &pid_num].concat(), state)
+            .unwrap();
+        db.flush_cf(meta).unwrap();
+    }
 
     let journal = open(dir.path()).await;
     // Everything reads as before the downgrade.
@@ -844,6 +865,21 @@ async fn a_store_of_format_1_is_read_and_upgraded() {
         .await
         .unwrap();
     assert_eq!(green.len(), 2);
+    let red = collect(journal.events_by_tag("red", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    let red: Vec<u64> = red.iter().map(|e| e.event.sequence_nr).collect();
+    assert_eq!(red, vec![3, 4], "a format-1 state hides deleted events");
+    let c = collect(journal.replay("c", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&c), vec![3, 4]);
+    // A delete as the first write to a format-1 log replaces its state too.
+    journal.delete_to("c", 3).await.unwrap();
+    let c = collect(journal.replay("c", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&c), vec![4]);
     // A write continues the log and replaces its format-1 state; the other log keeps its own.
     let error = journal.append(write("a", 10, 10)).await.err().unwrap();
     assert!(

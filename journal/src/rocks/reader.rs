@@ -39,7 +39,7 @@ pub(crate) struct Log {
     pub legacy_state: bool,
 }
 
-/// The number and state of a log, `None` if it was never written: one lookup, two for a log
+/// The number and state of a log, `None` if it was never written: one lookup, three for a log
 /// last written in store format 1.
 pub(crate) fn log_of(shared: &Shared, persistence_id: &str) -> Result<Option<Log>, JournalError> {
     let meta = shared.cf(CF_META)?;
@@ -49,34 +49,50 @@ pub(crate) fn log_of(shared: &Shared, persistence_id: &str) -> Result<Option<Log
     else {
         return Ok(None);
     };
-    let (pid_num, state) = keys::decode_log(&value).ok_or_else(|| {
-        JournalError::CorruptMetadata(format!("malformed record of log {persistence_id}"))
-    })?;
-    Ok(Some(match state {
-        Some(state) => Log {
+    match decode_log(persistence_id, &value)? {
+        (pid_num, Some(state)) => Ok(Some(Log {
             pid_num,
             state,
             legacy_state: false,
-        },
-        None => Log {
-            pid_num,
-            state: legacy_state_of(shared, pid_num)?,
-            legacy_state: true,
-        },
-    }))
+        })),
+        (_, None) => legacy_log_of(shared, persistence_id),
+    }
 }
 
-/// The state of log number `pid_num` in store format 1.
-fn legacy_state_of(shared: &Shared, pid_num: u64) -> Result<LogState, JournalError> {
-    match shared
-        .db
-        .get_pinned_cf(shared.cf(CF_META)?, keys::legacy_state_key(pid_num))?
-    {
-        None => Ok(LogState::default()),
-        Some(value) => LogState::decode(&value).ok_or_else(|| {
-            JournalError::CorruptMetadata(format!("malformed state of log number {pid_num}"))
-        }),
+fn decode_log(persistence_id: &str, value: &[u8]) -> Result<(u64, Option<LogState>), JournalError> {
+    keys::decode_log(value).ok_or_else(|| {
+        JournalError::CorruptMetadata(format!("malformed record of log {persistence_id}"))
+    })
+}
+
+/// [`log_of`] for a log whose `p` record is of store format 1, its state a record of its own.
+/// Both are read from one snapshot: the writer may replace them with a format-2 record in
+/// between, and a state read after that would be missing, not the log's.
+fn legacy_log_of(shared: &Shared, persistence_id: &str) -> Result<Option<Log>, JournalError> {
+    let meta = shared.cf(CF_META)?;
+    let snapshot = shared.db.snapshot();
+    let Some(value) = snapshot.get_pinned_cf(meta, keys::pid_key(persistence_id))? else {
+        return Ok(None);
+    };
+    let (pid_num, state) = decode_log(persistence_id, &value)?;
+    if let Some(state) = state {
+        return Ok(Some(Log {
+            pid_num,
+            state,
+            legacy_state: false,
+        }));
     }
+    let state = match snapshot.get_pinned_cf(meta, keys::legacy_state_key(pid_num))? {
+        None => LogState::default(),
+        Some(value) => LogState::decode(&value).ok_or_else(|| {
+            JournalError::CorruptMetadata(format!("malformed state of log {persistence_id}"))
+        })?,
+    };
+    Ok(Some(Log {
+        pid_num,
+        state,
+        legacy_state: true,
+    }))
 }
 
 /// The state of a log, the default one if it was never written.
