@@ -68,8 +68,8 @@ pub fn rocksdb_options(config: &JournalConfig) -> (Options, Vec<ColumnFamilyDesc
     events.set_block_based_table_factory(&table);
 
     // The metadata (log numbers and states, tag numbers, the tag index) has a cache of its
-    // own: every replay starts with lookups there, and a long replay streams event blocks
-    // through the main cache, which would evict them (measured: the two lookups of a replay
+    // own: every replay starts with a lookup there, and a long replay streams event blocks
+    // through the main cache, which would evict them (measured: a replay's metadata lookups
     // took twice as long with one shared cache). Its index and filter blocks are few and
     // stay with the table readers rather than in a cache.
     let metadata_cache = rocksdb::Cache::new_lru_cache(config.metadata_cache_bytes);

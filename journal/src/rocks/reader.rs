@@ -39,59 +39,47 @@ pub(crate) struct Log {
     pub legacy_state: bool,
 }
 
-/// The number and state of a log, `None` if it was never written: one lookup, three for a log
+/// The number and state of a log, `None` if it was never written: one lookup, more for a log
 /// last written in store format 1.
 pub(crate) fn log_of(shared: &Shared, persistence_id: &str) -> Result<Option<Log>, JournalError> {
     let meta = shared.cf(CF_META)?;
-    let Some(value) = shared
-        .db
-        .get_pinned_cf(meta, keys::pid_key(persistence_id))?
-    else {
-        return Ok(None);
-    };
-    match decode_log(persistence_id, &value)? {
-        (pid_num, Some(state)) => Ok(Some(Log {
-            pid_num,
-            state,
-            legacy_state: false,
-        })),
-        (_, None) => legacy_log_of(shared, persistence_id),
+    let log = read_log(persistence_id, |key| shared.db.get_pinned_cf(meta, key))?;
+    if !log.is_some_and(|log| log.legacy_state) {
+        return Ok(log);
     }
-}
-
-fn decode_log(persistence_id: &str, value: &[u8]) -> Result<(u64, Option<LogState>), JournalError> {
-    keys::decode_log(value).ok_or_else(|| {
-        JournalError::CorruptMetadata(format!("malformed record of log {persistence_id}"))
-    })
-}
-
-/// [`log_of`] for a log whose `p` record is of store format 1, its state a record of its own.
-/// Both are read from one snapshot: the writer may replace them with a format-2 record in
-/// between, and a state read after that would be missing, not the log's.
-fn legacy_log_of(shared: &Shared, persistence_id: &str) -> Result<Option<Log>, JournalError> {
-    let meta = shared.cf(CF_META)?;
+    // A format-1 log's number and state are two records, which the writer may replace with
+    // one format-2 record between the two lookups: then the state would read as missing.
+    // Read again, both from one snapshot.
     let snapshot = shared.db.snapshot();
-    let Some(value) = snapshot.get_pinned_cf(meta, keys::pid_key(persistence_id))? else {
+    read_log(persistence_id, |key| snapshot.get_pinned_cf(meta, key))
+}
+
+/// Reads a log's records through `get`, of either store format.
+fn read_log<'db>(
+    persistence_id: &str,
+    get: impl Fn(&[u8]) -> Result<Option<rocksdb::DBPinnableSlice<'db>>, rocksdb::Error>,
+) -> Result<Option<Log>, JournalError> {
+    let corrupt = |what: &str| {
+        JournalError::CorruptMetadata(format!("malformed {what} of log {persistence_id}"))
+    };
+    let Some(value) = get(&keys::pid_key(persistence_id))? else {
         return Ok(None);
     };
-    let (pid_num, state) = decode_log(persistence_id, &value)?;
-    if let Some(state) = state {
-        return Ok(Some(Log {
-            pid_num,
-            state,
-            legacy_state: false,
-        }));
-    }
-    let state = match snapshot.get_pinned_cf(meta, keys::legacy_state_key(pid_num))? {
-        None => LogState::default(),
-        Some(value) => LogState::decode(&value).ok_or_else(|| {
-            JournalError::CorruptMetadata(format!("malformed state of log {persistence_id}"))
-        })?,
+    let (pid_num, state) = keys::decode_log(&value).ok_or_else(|| corrupt("record"))?;
+    let (state, legacy_state) = match state {
+        Some(state) => (state, false),
+        None => match get(&keys::legacy_state_key(pid_num))? {
+            None => (LogState::default(), true),
+            Some(value) => (
+                LogState::decode(&value).ok_or_else(|| corrupt("state"))?,
+                true,
+            ),
+        },
     };
     Ok(Some(Log {
         pid_num,
         state,
-        legacy_state: true,
+        legacy_state,
     }))
 }
 
