@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{collect, config, event, open, write};
+use common::{collect, config, event, open, open_raw, write};
 use futures::StreamExt;
 use std::time::Duration;
 use tessera_journal::{
@@ -13,6 +13,14 @@ use tessera_journal::{
 
 fn seqs(events: &[tessera_journal::PersistentRepr]) -> Vec<u64> {
     events.iter().map(|e| e.sequence_nr).collect()
+}
+
+/// The sequence numbers of a whole replay of `pid`.
+async fn replayed_seqs(journal: &RocksJournal, pid: &str) -> Vec<u64> {
+    let events = collect(journal.replay(pid, 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    seqs(&events)
 }
 
 #[tokio::test]
@@ -148,10 +156,7 @@ async fn wrong_sequence_numbers_are_refused_and_change_nothing() {
 
     assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 3);
     assert_eq!(journal.highest_sequence_nr("new").await.unwrap(), 0);
-    let events = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&events), vec![1, 2, 3]);
+    assert_eq!(replayed_seqs(&journal, "a").await, vec![1, 2, 3]);
     let ids = collect(journal.persistence_ids(QueryMode::Current))
         .await
         .unwrap();
@@ -185,10 +190,10 @@ async fn delete_to_hides_events_and_keeps_the_highest_sequence_number() {
     let journal = open(dir.path()).await;
     journal.append(write("a", 1, 40)).await.unwrap();
     journal.delete_to("a", 25).await.unwrap();
-    let events = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&events), (26..=40).collect::<Vec<_>>());
+    assert_eq!(
+        replayed_seqs(&journal, "a").await,
+        (26..=40).collect::<Vec<_>>()
+    );
 
     // Beyond the highest: capped, and the highest stays.
     journal.delete_to("a", 1_000).await.unwrap();
@@ -212,10 +217,7 @@ async fn delete_to_hides_events_and_keeps_the_highest_sequence_number() {
 
     let journal = open(dir.path()).await;
     assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 42);
-    let events = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&events), vec![41, 42]);
+    assert_eq!(replayed_seqs(&journal, "a").await, vec![41, 42]);
 }
 
 #[tokio::test]
@@ -445,8 +447,7 @@ async fn replay_until_error(
 
 /// Alters one payload byte of event `sequence_nr` of pid number 1 with raw RocksDB.
 fn alter_event(path: &std::path::Path, sequence_nr: u64) {
-    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
-    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap();
+    let db = open_raw(path);
     let events = db.cf_handle("events").unwrap();
     let key = event_key(1, sequence_nr);
     let mut value = db.get_cf(events, key).unwrap().expect("event stored");
@@ -616,8 +617,7 @@ async fn a_record_altered_in_place_is_reported_with_its_id_and_sequence_nr() {
     let path = config(dir.path()).path;
     let original = {
         // Flip one payload bit of event 3 (pid number 1) with raw RocksDB.
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let db = open_raw(&path);
         let events = db.cf_handle("events").unwrap();
         let key = event_key(1, 3);
         let original = db.get_cf(events, key).unwrap().expect("event 3 stored");
@@ -660,8 +660,7 @@ async fn bytes_altered_in_a_table_file_are_reported_as_corruption() {
     journal.close().await;
     let path = config(dir.path()).path;
     {
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let db = open_raw(&path);
         db.flush_cf(db.cf_handle("events").unwrap()).unwrap();
     }
     // The events table is the largest .sst file; its data blocks come first.
@@ -692,8 +691,7 @@ async fn a_record_of_a_newer_format_is_refused_by_name() {
     journal.close().await;
     let path = config(dir.path()).path;
     {
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let db = open_raw(&path);
         let key = event_key(1, 2);
         db.put_cf(
             db.cf_handle("events").unwrap(),
@@ -728,8 +726,7 @@ async fn a_store_of_a_newer_format_is_refused_and_left_untouched() {
     journal.close().await;
     let path = config(dir.path()).path;
     {
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let db = open_raw(&path);
         db.put_cf(
             db.cf_handle("meta").unwrap(),
             storage::FORMAT_VERSION_KEY,
@@ -780,8 +777,7 @@ async fn a_store_of_a_newer_format_is_refused_and_left_untouched() {
 /// Rewrites the metadata of a format-2 store as store format 1 wrote it: the `p` value of a
 /// log holds its number alone, and its state lives under `s` ++ number.
 fn downgrade_to_format_1(path: &std::path::Path, persistence_ids: &[&str]) {
-    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
-    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap();
+    let db = open_raw(path);
     let meta = db.cf_handle("meta").unwrap();
     for pid in persistence_ids {
         let key = [b"p".as_slice(), pid.as_bytes()].concat();
@@ -798,8 +794,7 @@ fn downgrade_to_format_1(path: &std::path::Path, persistence_ids: &[&str]) {
 
 /// The store format version and the number of format-1 state records of a closed store.
 fn format_and_legacy_states(path: &std::path::Path) -> (u32, usize) {
-    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
-    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap();
+    let db = open_raw(path);
     let meta = db.cf_handle("meta").unwrap();
     let version = db
         .get_cf(meta, storage::FORMAT_VERSION_KEY)
@@ -843,8 +838,7 @@ async fn a_store_of_format_1_is_read_and_upgraded() {
     assert_eq!(format_and_legacy_states(&path), (1, 3));
     // Events of c up to 2 deleted logically, not yet physically, as format 1 recorded it.
     {
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let db = open_raw(&path);
         let meta = db.cf_handle("meta").unwrap();
         let pid_num = db.get_cf(meta, b"pc").unwrap().unwrap();
         let state = [4u64.to_be_bytes(), 2u64.to_be_bytes()].concat();
@@ -855,10 +849,10 @@ async fn a_store_of_format_1_is_read_and_upgraded() {
 
     let journal = open(dir.path()).await;
     // Everything reads as before the downgrade.
-    let a = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&a), (4..=10).collect::<Vec<_>>());
+    assert_eq!(
+        replayed_seqs(&journal, "a").await,
+        (4..=10).collect::<Vec<_>>()
+    );
     assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 10);
     assert_eq!(journal.highest_sequence_nr("b").await.unwrap(), 2);
     let green = collect(journal.events_by_tag("green", 0, QueryMode::Current))
@@ -870,16 +864,10 @@ async fn a_store_of_format_1_is_read_and_upgraded() {
         .unwrap();
     let red: Vec<u64> = red.iter().map(|e| e.event.sequence_nr).collect();
     assert_eq!(red, vec![3, 4], "a format-1 state hides deleted events");
-    let c = collect(journal.replay("c", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&c), vec![3, 4]);
+    assert_eq!(replayed_seqs(&journal, "c").await, vec![3, 4]);
     // A delete as the first write to a format-1 log replaces its state too.
     journal.delete_to("c", 3).await.unwrap();
-    let c = collect(journal.replay("c", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&c), vec![4]);
+    assert_eq!(replayed_seqs(&journal, "c").await, vec![4]);
     // A write continues the log and replaces its format-1 state; the other log keeps its own.
     let error = journal.append(write("a", 10, 10)).await.err().unwrap();
     assert!(
@@ -888,19 +876,16 @@ async fn a_store_of_format_1_is_read_and_upgraded() {
     );
     journal.append(write("a", 11, 12)).await.unwrap();
     journal.delete_to("a", 5).await.unwrap();
-    let a = collect(journal.replay("a", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&a), (6..=12).collect::<Vec<_>>());
+    assert_eq!(
+        replayed_seqs(&journal, "a").await,
+        (6..=12).collect::<Vec<_>>()
+    );
     journal.close().await;
     assert_eq!(format_and_legacy_states(&path), (STORE_FORMAT_VERSION, 1));
 
     let journal = open(dir.path()).await;
     assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 12);
-    let b = collect(journal.replay("b", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    assert_eq!(seqs(&b), vec![1, 2]);
+    assert_eq!(replayed_seqs(&journal, "b").await, vec![1, 2]);
     journal.close().await;
 }
 

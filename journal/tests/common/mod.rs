@@ -49,3 +49,10 @@ pub async fn collect<T>(stream: JournalStream<T>) -> Result<Vec<T>, JournalError
         .into_iter()
         .collect::<Result<Vec<_>, _>>()
 }
+
+/// The journal's database at `path` (a closed journal's), opened directly with RocksDB to
+/// alter or inspect what is on disk.
+pub fn open_raw(path: &Path) -> rocksdb::DB {
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
+    rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap()
+}
