@@ -7,9 +7,30 @@ use common::{collect, config, event, open, open_raw, write};
 use futures::StreamExt;
 use std::time::Duration;
 use tessera_journal::{
-    AtomicWrite, Journal, JournalError, QueryMode, RocksJournal, STORE_FORMAT_VERSION, event_key,
-    storage,
+    AtomicWrite, Journal, JournalError, PersistentRepr, QueryMode, RECORD_FORMAT_VERSION,
+    RocksJournal, STORE_FORMAT_VERSION, event_key, storage,
 };
+
+/// The sealed value of `event` (stored under `key`, at `offset` in the tag order) in record
+/// format 1, laid out by hand as the releases before format 2 wrote it.
+fn format_1_record(key: &[u8], offset: u64, event: &PersistentRepr) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&offset.to_le_bytes());
+    body.extend_from_slice(&event.timestamp_ms.to_le_bytes());
+    body.extend_from_slice(&event.manifest.version.to_le_bytes());
+    let names = [&*event.writer_id, &*event.manifest.type_name];
+    for name in names {
+        body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        body.extend_from_slice(name.as_bytes());
+    }
+    body.extend_from_slice(&(event.tags.len() as u16).to_le_bytes());
+    for tag in &event.tags {
+        body.extend_from_slice(&(tag.len() as u16).to_le_bytes());
+        body.extend_from_slice(tag.as_bytes());
+    }
+    body.extend_from_slice(&event.payload);
+    storage::seal(1, key, &body)
+}
 
 fn seqs(events: &[tessera_journal::PersistentRepr]) -> Vec<u64> {
     events.iter().map(|e| e.sequence_nr).collect()
@@ -710,12 +731,63 @@ async fn a_record_of_a_newer_format_is_refused_by_name() {
             JournalError::NewerRecordVersion {
                 sequence_nr: 2,
                 found: 9,
-                supported: 1,
+                supported: RECORD_FORMAT_VERSION,
                 ..
             }
         ),
         "{error:?}"
     );
+}
+
+#[tokio::test]
+async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_tag_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    let tagged = AtomicWrite {
+        persistence_id: "d".into(),
+        writer_id: "w".into(),
+        events: (1..=12)
+            .map(|seq| event(seq, &format!("d-{seq}"), &["green", "blue"]))
+            .collect(),
+    };
+    journal.append(tagged).await.unwrap();
+    let before = collect(journal.events_by_tag("green", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    journal.close().await;
+    // Events 1..=9 rewritten as format 1: more than one group of checksums and one chunk.
+    {
+        let db = open_raw(&config(dir.path()).path);
+        let events = db.cf_handle("events").unwrap();
+        for envelope in &before[..9] {
+            let key = event_key(1, envelope.event.sequence_nr);
+            let value = format_1_record(&key, envelope.offset, &envelope.event);
+            db.put_cf(events, key, value).unwrap();
+        }
+    }
+
+    let journal = open(dir.path()).await;
+    let replayed = collect(journal.replay("d", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    let written: Vec<PersistentRepr> = before.iter().map(|e| e.event.clone()).collect();
+    assert_eq!(replayed, written);
+    let green = collect(journal.events_by_tag("green", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(green, before);
+    // A physical delete finds the tag entries of format-1 records through their offsets.
+    journal.delete_to("d", 10).await.unwrap();
+    journal.close().await;
+    {
+        let db = open_raw(&config(dir.path()).path);
+        let count = |cf: &str| {
+            db.iterator_cf(db.cf_handle(cf).unwrap(), rocksdb::IteratorMode::Start)
+                .count()
+        };
+        assert_eq!(count("events"), 2);
+        assert_eq!(count("tag_index"), 4, "two tags of events 11 and 12");
+    }
 }
 
 #[tokio::test]

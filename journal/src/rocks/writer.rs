@@ -440,7 +440,7 @@ impl Writer {
                 next_offset - 1
             };
             let key = pair_key(pid_num, event.sequence_nr);
-            let value = record::encode_event(&key, &write.writer_id, offset, event)?;
+            let value = record::encode_event(&key, &write.writer_id, offset, event);
             records.push((key, offset, value));
         }
 
