@@ -280,6 +280,16 @@ mod avx2 {
         unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
     }
 
+    /// A block as two rows of eight words.
+    #[target_feature(enable = "avx2")]
+    fn load_block(block: &[u8; BLOCK_LEN]) -> (__m256i, __m256i) {
+        let (low, high) = block.split_at(32);
+        (
+            load_bytes(low.try_into().unwrap_or(&[0; 32])),
+            load_bytes(high.try_into().unwrap_or(&[0; 32])),
+        )
+    }
+
     #[target_feature(enable = "avx2")]
     fn store(vector: __m256i) -> [u32; LANES] {
         let mut words = [0u32; LANES];
@@ -387,7 +397,6 @@ mod avx2 {
         let mut cv = transpose(std::array::from_fn(|lane| load_bytes(&keys[lane])));
         for index in 0..most_blocks {
             // Each lane's block as two rows of eight words, a short last block zero-padded.
-            let mut padded = [[0u8; BLOCK_LEN]; LANES];
             let mut halves = [[_mm256_setzero_si256(); LANES]; 2];
             let mut block_len = [0u32; LANES];
             let mut flags = [0u32; LANES];
@@ -400,16 +409,15 @@ mod avx2 {
                     .message
                     .get(start..job.message.len().min(start + BLOCK_LEN))
                     .unwrap_or_default();
-                let block: &[u8; BLOCK_LEN] = match bytes.try_into() {
-                    Ok(full) => full,
+                // A full block is loaded in place, a short last one from a zero-padded copy.
+                (halves[0][lane], halves[1][lane]) = match bytes.try_into() {
+                    Ok(full) => load_block(full),
                     Err(_) => {
-                        padded[lane][..bytes.len()].copy_from_slice(bytes);
-                        &padded[lane]
+                        let mut padded = [0u8; BLOCK_LEN];
+                        padded[..bytes.len()].copy_from_slice(bytes);
+                        load_block(&padded)
                     }
                 };
-                let (low, high) = block.split_at(32);
-                halves[0][lane] = load_bytes(low.try_into().unwrap_or(&[0; 32]));
-                halves[1][lane] = load_bytes(high.try_into().unwrap_or(&[0; 32]));
                 block_len[lane] = bytes.len() as u32;
                 flags[lane] = block_flags(index, blocks[lane]);
             }

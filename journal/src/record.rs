@@ -186,7 +186,7 @@ impl<'b> BodyReader<'b> {
     }
 
     /// A LEB128 varint; `None` if it is cut off or does not fit in a u64.
-    #[inline]
+    #[inline(always)]
     fn varint(&mut self) -> Option<u64> {
         // Lengths, counts and versions are almost always below 128: one byte.
         if let Some((&byte, rest)) = self.rest.split_first()
@@ -223,7 +223,7 @@ impl<'b> BodyReader<'b> {
     }
 
     /// A name of format 2: `len varint | bytes`.
-    #[inline]
+    #[inline(always)]
     fn name(&mut self) -> Option<&'b [u8]> {
         let len = usize::try_from(self.varint()?).ok()?;
         self.take(len)
@@ -242,7 +242,7 @@ struct BodyFields<'b> {
 }
 
 /// Splits a body of record format `version` into its fields; the error says what is missing.
-#[inline]
+#[inline(always)]
 fn parse_body(version: u8, body: &[u8]) -> Result<BodyFields<'_>, &'static str> {
     let mut reader = BodyReader { rest: body };
     if version == RECORD_FORMAT_FIXED {
