@@ -105,9 +105,9 @@ pub struct EventEnvelope {
 /// `offset` is the event's position in the tag order, which lets a physical delete find its
 /// tag index entries; an untagged event has none (0). Varints rather than format 1's fixed
 /// widths because every record is hashed on read and blake3 works in 64-byte blocks: the
-/// 15-odd bytes saved bring a 100-byte event with short names from three blocks to two. A hand-written
-/// layout rather than postcard: decoding is on the replay path, and names equal to the
-/// previous record's are recognised by their bytes without being validated again.
+/// 15-odd bytes saved bring a 100-byte event with short names from three blocks to two. A
+/// hand-written layout rather than postcard: decoding is on the replay path, and names equal
+/// to the previous record's are recognised by their bytes without being validated again.
 pub const RECORD_FORMAT_VERSION: u8 = 2;
 
 /// The first record format, still read: a fixed little-endian layout
@@ -519,11 +519,17 @@ mod tests {
         #[test]
         fn event_record_round_trips(
             payload in proptest::collection::vec(any::<u8>(), 0..300),
-            tags in proptest::collection::vec("[a-z]{1,8}", 0..4),
+            // Names long enough for lengths of two varint bytes.
+            tags in proptest::collection::vec("[a-z]{1,200}", 0..4),
+            writer_id in "[a-z0-9-]{0,200}",
             offset in any::<u64>(),
+            timestamp_ms in any::<u64>(),
+            manifest_version in any::<u32>(),
         ) {
-            let e = event(payload, tags);
-            let value = encode_event(b"key", "w1", offset, &e);
+            let mut e = event(payload, tags);
+            e.timestamp_ms = timestamp_ms;
+            e.manifest.version = manifest_version;
+            let value = encode_event(b"key", &writer_id, offset, &e);
             let decoded = EventDecoder::new().decode(&"pid".into(), 3, b"key", &value).unwrap();
             // Only a tagged event has a place in the tag order.
             prop_assert_eq!(decoded.offset, if e.tags.is_empty() { 0 } else { offset });
@@ -531,7 +537,7 @@ mod tests {
             prop_assert_eq!(decoded.repr.payload, e.payload);
             prop_assert_eq!(decoded.repr.tags, e.tags);
             prop_assert_eq!(decoded.repr.manifest, e.manifest);
-            prop_assert_eq!(&*decoded.repr.writer_id, "w1");
+            prop_assert_eq!(&*decoded.repr.writer_id, writer_id.as_str());
         }
 
         #[test]
@@ -579,6 +585,12 @@ mod tests {
     fn varints_that_do_not_fit_or_are_cut_off_are_refused() {
         let too_long = [0xffu8; MAX_VARINT_BYTES + 1];
         assert_eq!(BodyReader { rest: &too_long }.varint(), None);
+        // Ten bytes that all say "more follows", with or without an eleventh.
+        let mut continued = [0x80u8; MAX_VARINT_BYTES + 1];
+        continued[MAX_VARINT_BYTES] = 0;
+        assert_eq!(BodyReader { rest: &continued }.varint(), None);
+        continued[MAX_VARINT_BYTES - 1] = 0x81;
+        assert_eq!(BodyReader { rest: &continued }.varint(), None);
         let mut overflow = [0xffu8; MAX_VARINT_BYTES];
         overflow[MAX_VARINT_BYTES - 1] = 0x02;
         assert_eq!(BodyReader { rest: &overflow }.varint(), None);
@@ -592,6 +604,18 @@ mod tests {
         let mut max = [0xffu8; MAX_VARINT_BYTES];
         max[MAX_VARINT_BYTES - 1] = 0x01;
         assert_eq!(BodyReader { rest: &max }.varint(), Some(u64::MAX));
+    }
+
+    #[test]
+    fn a_release_of_the_first_record_format_refuses_the_second_as_newer() {
+        let value = encode_event(b"key", "w", 0, &event(vec![1], vec![]));
+        assert_eq!(
+            storage::unseal(RECORD_FORMAT_FIXED, b"key", &value),
+            Err(UnsealError::NewerVersion {
+                found: RECORD_FORMAT_VERSION,
+                supported: RECORD_FORMAT_FIXED,
+            })
+        );
     }
 
     #[test]

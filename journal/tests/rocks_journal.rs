@@ -7,8 +7,8 @@ use common::{collect, config, event, open, open_raw, write};
 use futures::StreamExt;
 use std::time::Duration;
 use tessera_journal::{
-    AtomicWrite, Journal, JournalError, PersistentRepr, QueryMode, RECORD_FORMAT_VERSION,
-    RocksJournal, STORE_FORMAT_VERSION, event_key, storage,
+    AtomicWrite, Journal, JournalError, MAX_NAME_BYTES, Manifest, PersistentRepr, QueryMode,
+    RECORD_FORMAT_VERSION, RocksJournal, STORE_FORMAT_VERSION, event_key, storage,
 };
 
 /// The sealed value of `event` (stored under `key`, at `offset` in the tag order) in record
@@ -171,6 +171,15 @@ async fn wrong_sequence_numbers_are_refused_and_change_nothing() {
         journal.append(write("", 1, 1)).await.unwrap_err(),
         JournalError::InvalidName {
             what: "persistence id",
+            ..
+        }
+    ));
+    let mut long_manifest = write("a", 4, 4);
+    long_manifest.events[0].manifest = Manifest::new("m".repeat(MAX_NAME_BYTES + 1), 1);
+    assert!(matches!(
+        journal.append(long_manifest).await.unwrap_err(),
+        JournalError::InvalidName {
+            what: "manifest",
             ..
         }
     ));
@@ -742,51 +751,81 @@ async fn a_record_of_a_newer_format_is_refused_by_name() {
 #[tokio::test]
 async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_tag_entries() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = open(dir.path()).await;
+    // Chunks of up to 128 records: several groups of checksums per chunk.
+    let mut wide = config(dir.path());
+    wide.read_chunk_events = 1024;
+    let journal = RocksJournal::open(wide.clone()).await.unwrap();
+    // Events 1..=20 are large, so that a chunk holding them has its payloads copied out
+    // (`decode_checked`); a chunk of the small ones shares its buffer (`decode_shared`).
+    // Every third event is untagged.
+    let events = (1..=40u64)
+        .map(|seq| {
+            let payload = if seq <= 20 {
+                format!("d-{seq}-").repeat(1000)
+            } else {
+                format!("d-{seq}")
+            };
+            let tags: &[&str] = if seq % 3 == 0 {
+                &[]
+            } else {
+                &["green", "blue"]
+            };
+            event(seq, &payload, tags)
+        })
+        .collect();
     let tagged = AtomicWrite {
         persistence_id: "d".into(),
         writer_id: "w".into(),
-        events: (1..=12)
-            .map(|seq| event(seq, &format!("d-{seq}"), &["green", "blue"]))
-            .collect(),
+        events,
     };
     journal.append(tagged).await.unwrap();
-    let before = collect(journal.events_by_tag("green", 0, QueryMode::Current))
+    let written = collect(journal.replay("d", 1, u64::MAX, u64::MAX))
         .await
         .unwrap();
-    journal.close().await;
-    // Events 1..=9 rewritten as format 1: more than one group of checksums and one chunk.
-    {
-        let db = open_raw(&config(dir.path()).path);
-        let events = db.cf_handle("events").unwrap();
-        for envelope in &before[..9] {
-            let key = event_key(1, envelope.event.sequence_nr);
-            let value = format_1_record(&key, envelope.offset, &envelope.event);
-            db.put_cf(events, key, value).unwrap();
-        }
-    }
-
-    let journal = open(dir.path()).await;
-    let replayed = collect(journal.replay("d", 1, u64::MAX, u64::MAX))
-        .await
-        .unwrap();
-    let written: Vec<PersistentRepr> = before.iter().map(|e| e.event.clone()).collect();
-    assert_eq!(replayed, written);
     let green = collect(journal.events_by_tag("green", 0, QueryMode::Current))
         .await
         .unwrap();
-    assert_eq!(green, before);
+    journal.close().await;
+    // Events 1..=30 rewritten as format 1, each with its offset in the tag order (none for
+    // an untagged one).
+    {
+        let db = open_raw(&wide.path);
+        let events = db.cf_handle("events").unwrap();
+        for event in &written[..30] {
+            let offset = green
+                .iter()
+                .find(|e| e.event.sequence_nr == event.sequence_nr)
+                .map_or(0, |e| e.offset);
+            let key = event_key(1, event.sequence_nr);
+            db.put_cf(events, key, format_1_record(&key, offset, event))
+                .unwrap();
+        }
+    }
+
+    let journal = RocksJournal::open(wide.clone()).await.unwrap();
+    let replayed = collect(journal.replay("d", 1, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(replayed, written);
+    let small = collect(journal.replay("d", 21, u64::MAX, u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(small, written[20..]);
+    let green_again = collect(journal.events_by_tag("green", 0, QueryMode::Current))
+        .await
+        .unwrap();
+    assert_eq!(green_again, green);
     // A physical delete finds the tag entries of format-1 records through their offsets.
-    journal.delete_to("d", 10).await.unwrap();
+    journal.delete_to("d", 35).await.unwrap();
     journal.close().await;
     {
-        let db = open_raw(&config(dir.path()).path);
+        let db = open_raw(&wide.path);
         let count = |cf: &str| {
             db.iterator_cf(db.cf_handle(cf).unwrap(), rocksdb::IteratorMode::Start)
                 .count()
         };
-        assert_eq!(count("events"), 2);
-        assert_eq!(count("tag_index"), 4, "two tags of events 11 and 12");
+        assert_eq!(count("events"), 5);
+        assert_eq!(count("tag_index"), 6, "two tags of events 37, 38 and 40");
     }
 }
 

@@ -6,7 +6,7 @@ mod reader;
 mod writer;
 
 use crate::config::JournalConfig;
-use crate::error::{JournalError, MAX_TAGS_PER_EVENT, validate_name};
+use crate::error::{JournalError, MAX_NAME_BYTES, MAX_TAGS_PER_EVENT, name_excerpt, validate_name};
 use crate::journal::{Journal, JournalStream, QueryMode};
 use crate::record::{AtomicWrite, EventEnvelope, PersistentRepr};
 use crate::storage::{self, FORMAT_VERSION_KEY};
@@ -25,8 +25,15 @@ pub fn event_key(pid_num: u64, sequence_nr: u64) -> [u8; 16] {
 }
 
 /// The store format version this release writes; stores with a higher one are refused, and
-/// stores of version 1 (log states kept apart from log numbers) are read and upgraded.
-pub const STORE_FORMAT_VERSION: u32 = 2;
+/// older ones are read and upgraded:
+///
+/// - 1: log states kept apart from log numbers (read as they are, each log's records
+///   rewritten at its next write);
+/// - 2: log number and state in one record, events in record format 1 only;
+/// - 3: events also in record format 2. A release of store format 2 would report these
+///   records as newer when reading, but its physical deletion would drop them without their
+///   tag entries; the store is marked 3 so that such a release refuses it instead.
+pub const STORE_FORMAT_VERSION: u32 = 3;
 
 /// What the writer, the readers and the handle share.
 pub(crate) struct Shared {
@@ -118,9 +125,9 @@ impl RocksJournal {
         let (options, cfs) = rocksdb_options(&config);
         let db = DB::open_cf_descriptors(&options, &config.path, cfs)?;
         let shared = Arc::new(Shared { db, config });
-        // A format-1 store is marked as format 2 before anything is written to it: from now on
-        // its logs' records get the longer format-2 values, which an older release cannot
-        // read and refuses the store for.
+        // An older store is marked with this release's format before anything is written to
+        // it: from now on it gets log records and event records that older releases cannot
+        // handle, and they refuse the store for its marker.
         if existing != Some(STORE_FORMAT_VERSION) {
             let mut write_options = rocksdb::WriteOptions::default();
             write_options.set_sync(true);
@@ -219,6 +226,15 @@ fn validate_write(write: &AtomicWrite, max_write_bytes: usize) -> Result<(), Jou
         }
         for tag in &event.tags {
             validate_name("tag", tag)?;
+        }
+        // A manifest may be empty (an event without a type name), but not unbounded.
+        let manifest = &event.manifest.type_name;
+        if manifest.len() > MAX_NAME_BYTES {
+            return Err(JournalError::InvalidName {
+                what: "manifest",
+                value: name_excerpt(manifest),
+                reason: format!("is {} bytes, more than {MAX_NAME_BYTES}", manifest.len()),
+            });
         }
     }
     let size_bytes = write.payload_bytes();
