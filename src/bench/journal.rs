@@ -171,10 +171,14 @@ fn journal_config(path: &Path, fsync: FsyncPolicy) -> JournalConfig {
     config
 }
 
+/// 2026-09-21 in milliseconds since the Unix epoch.
+const BENCH_TIMESTAMP_MS: u64 = 1_790_000_000_000;
+
 fn event(sequence_nr: u64, payload: &[u8]) -> NewEvent {
     NewEvent {
         sequence_nr,
-        timestamp_ms: 0,
+        // A current time (6 varint bytes), as real events have.
+        timestamp_ms: BENCH_TIMESTAMP_MS,
         manifest: Manifest::new("bench.Event", 1),
         payload: payload.to_vec().into(),
         tags: Vec::new(),
