@@ -245,55 +245,64 @@ struct BodyFields<'b> {
 #[inline(always)]
 fn parse_body(version: u8, body: &[u8]) -> Result<BodyFields<'_>, &'static str> {
     let mut reader = BodyReader { rest: body };
-    if version == RECORD_FORMAT_FIXED {
-        let (Some(offset), Some(timestamp_ms), Some(manifest_version)) =
-            (reader.u64(), reader.u64(), reader.u32())
-        else {
-            return Err("truncated header");
-        };
-        let writer_id = reader.fixed_name().ok_or("truncated writer id")?;
-        let manifest = reader.fixed_name().ok_or("truncated manifest")?;
-        let tag_count = reader.u16().ok_or("truncated tags")?;
-        let mut tags = Vec::with_capacity(usize::from(tag_count));
-        for _ in 0..tag_count {
-            tags.push(reader.fixed_name().ok_or("truncated tag")?);
+    let (offset, timestamp_ms, manifest_version, writer_id, manifest, tags) = match version {
+        RECORD_FORMAT_FIXED => {
+            let (Some(offset), Some(timestamp_ms), Some(manifest_version)) =
+                (reader.u64(), reader.u64(), reader.u32())
+            else {
+                return Err("truncated header");
+            };
+            let writer_id = reader.fixed_name().ok_or("truncated writer id")?;
+            let manifest = reader.fixed_name().ok_or("truncated manifest")?;
+            let tag_count = reader.u16().ok_or("truncated tags")?;
+            let mut tags = Vec::with_capacity(usize::from(tag_count));
+            for _ in 0..tag_count {
+                tags.push(reader.fixed_name().ok_or("truncated tag")?);
+            }
+            (
+                offset,
+                timestamp_ms,
+                manifest_version,
+                writer_id,
+                manifest,
+                tags,
+            )
         }
-        return Ok(BodyFields {
-            offset,
-            timestamp_ms,
-            manifest_version,
-            writer_id,
-            manifest,
-            tags,
-            payload: reader.rest,
-        });
-    }
-    if version != RECORD_FORMAT_VERSION {
-        return Err("unknown record format version");
-    }
-    let tag_count = reader.varint().ok_or("truncated tag count")?;
-    // Each tag takes at least its length byte, so a count beyond the body is corrupt; this
-    // also bounds the allocation below.
-    let tag_count = usize::try_from(tag_count)
-        .ok()
-        .filter(|&n| n <= body.len())
-        .ok_or("tag count larger than the record")?;
-    let offset = if tag_count > 0 {
-        reader.varint().ok_or("truncated offset")?
-    } else {
-        0
+        RECORD_FORMAT_VERSION => {
+            let tag_count = reader.varint().ok_or("truncated tag count")?;
+            // Each tag takes at least its length byte, so a count beyond the body is corrupt;
+            // this also bounds the allocation below.
+            let tag_count = usize::try_from(tag_count)
+                .ok()
+                .filter(|&n| n <= body.len())
+                .ok_or("tag count larger than the record")?;
+            let offset = if tag_count > 0 {
+                reader.varint().ok_or("truncated offset")?
+            } else {
+                0
+            };
+            let timestamp_ms = reader.varint().ok_or("truncated timestamp")?;
+            let manifest_version = reader
+                .varint()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or("truncated or oversized manifest version")?;
+            let writer_id = reader.name().ok_or("truncated writer id")?;
+            let manifest = reader.name().ok_or("truncated manifest")?;
+            let mut tags = Vec::with_capacity(tag_count);
+            for _ in 0..tag_count {
+                tags.push(reader.name().ok_or("truncated tag")?);
+            }
+            (
+                offset,
+                timestamp_ms,
+                manifest_version,
+                writer_id,
+                manifest,
+                tags,
+            )
+        }
+        _ => return Err("unknown record format version"),
     };
-    let timestamp_ms = reader.varint().ok_or("truncated timestamp")?;
-    let manifest_version = reader
-        .varint()
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or("truncated or oversized manifest version")?;
-    let writer_id = reader.name().ok_or("truncated writer id")?;
-    let manifest = reader.name().ok_or("truncated manifest")?;
-    let mut tags = Vec::with_capacity(tag_count);
-    for _ in 0..tag_count {
-        tags.push(reader.name().ok_or("truncated tag")?);
-    }
     Ok(BodyFields {
         offset,
         timestamp_ms,
