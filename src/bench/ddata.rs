@@ -601,7 +601,9 @@ mod tests {
         let params = DdataBenchParams {
             latency_duration: Duration::from_millis(200),
             catch_up_keys: vec![200],
-            idle_duration: Duration::from_millis(500),
+            // Longer than two rounds of gossip and heartbeats (1 s each): a shorter window
+            // can fall between the rounds and count nothing (it did, once in CI).
+            idle_duration: Duration::from_millis(2_500),
         };
         let rows = run(params, true).await.unwrap();
         let names: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
