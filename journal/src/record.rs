@@ -245,7 +245,7 @@ struct BodyFields<'b> {
 #[inline(always)]
 fn parse_body(version: u8, body: &[u8]) -> Result<BodyFields<'_>, &'static str> {
     let mut reader = BodyReader { rest: body };
-    let (offset, timestamp_ms, manifest_version, writer_id, manifest, tags) = match version {
+    let (offset, timestamp_ms, manifest_version, writer_id, manifest, tag_count) = match version {
         RECORD_FORMAT_FIXED => {
             let (Some(offset), Some(timestamp_ms), Some(manifest_version)) =
                 (reader.u64(), reader.u64(), reader.u32())
@@ -255,17 +255,14 @@ fn parse_body(version: u8, body: &[u8]) -> Result<BodyFields<'_>, &'static str> 
             let writer_id = reader.fixed_name().ok_or("truncated writer id")?;
             let manifest = reader.fixed_name().ok_or("truncated manifest")?;
             let tag_count = reader.u16().ok_or("truncated tags")?;
-            let mut tags = Vec::with_capacity(usize::from(tag_count));
-            for _ in 0..tag_count {
-                tags.push(reader.fixed_name().ok_or("truncated tag")?);
-            }
+            let tag_count = usize::from(tag_count);
             (
                 offset,
                 timestamp_ms,
                 manifest_version,
                 writer_id,
                 manifest,
-                tags,
+                tag_count,
             )
         }
         RECORD_FORMAT_VERSION => {
@@ -288,21 +285,27 @@ fn parse_body(version: u8, body: &[u8]) -> Result<BodyFields<'_>, &'static str> 
                 .ok_or("truncated or oversized manifest version")?;
             let writer_id = reader.name().ok_or("truncated writer id")?;
             let manifest = reader.name().ok_or("truncated manifest")?;
-            let mut tags = Vec::with_capacity(tag_count);
-            for _ in 0..tag_count {
-                tags.push(reader.name().ok_or("truncated tag")?);
-            }
             (
                 offset,
                 timestamp_ms,
                 manifest_version,
                 writer_id,
                 manifest,
-                tags,
+                tag_count,
             )
         }
         _ => return Err("unknown record format version"),
     };
+    // Both formats end with the tags, each a name of its format.
+    let mut tags = Vec::with_capacity(tag_count);
+    for _ in 0..tag_count {
+        let tag = if version == RECORD_FORMAT_FIXED {
+            reader.fixed_name()
+        } else {
+            reader.name()
+        };
+        tags.push(tag.ok_or("truncated tag")?);
+    }
     Ok(BodyFields {
         offset,
         timestamp_ms,
@@ -369,8 +372,8 @@ impl EventDecoder {
         sequence_nr: u64,
         value: &[u8],
     ) -> Result<DecodedEvent, JournalError> {
-        let (version, body) =
-            split_sealed(value).ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
+        let (version, body) = storage::split_sealed(value)
+            .ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
         self.decode_verified(
             persistence_id,
             sequence_nr,
@@ -402,7 +405,7 @@ impl EventDecoder {
         let end = range.end;
         let (version, body) = values
             .get(range)
-            .and_then(split_sealed)
+            .and_then(storage::split_sealed)
             .ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
         // The payload is the rest of the body, so it ends where the record ends (and `end`
         // is inside `values`: the range was just read from it).
@@ -453,14 +456,6 @@ impl EventDecoder {
             },
         })
     }
-}
-
-/// The format version and body of a sealed value, without looking at its checksum.
-fn split_sealed(value: &[u8]) -> Option<(u8, &[u8])> {
-    Some((
-        *value.get(storage::CHECKSUM_LEN)?,
-        value.get(storage::SEAL_HEADER_LEN..)?,
-    ))
 }
 
 /// Checks the format version and checksum of the sealed value stored under `key` and returns

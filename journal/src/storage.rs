@@ -116,7 +116,16 @@ pub fn unseal<'v>(
     if checksum(key, &value[CHECKSUM_LEN..])[..] != value[..CHECKSUM_LEN] {
         return Err(UnsealError::ChecksumMismatch);
     }
-    Ok((value[CHECKSUM_LEN], &value[SEAL_HEADER_LEN..]))
+    split_sealed(value).ok_or(UnsealError::Truncated {
+        length_bytes: value.len(),
+    })
+}
+
+/// The format version and body of a sealed value, without looking at its checksum (for a
+/// value already verified, e.g. by [`check_sealed_many`]); `None` if it is shorter than the
+/// header.
+pub fn split_sealed(value: &[u8]) -> Option<(u8, &[u8])> {
+    Some((*value.get(CHECKSUM_LEN)?, value.get(SEAL_HEADER_LEN..)?))
 }
 
 /// Records [`check_sealed_many`] verifies side by side: callers that check a long run of

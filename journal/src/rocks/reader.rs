@@ -351,9 +351,8 @@ impl Cursor for EventCursor {
         // Read the whole range from the file at once rather than block by block: RocksDB's own
         // readahead starts only after two reads of one iterator, while the records wanted
         // here are known to lie together. Measured over six paired runs: replays of 10,000
-        // logs of 100 events (about four blocks each) 5-10% faster.
-        // The same bound keeps the buffer's first allocation moderate for large events; it
-        // grows as needed.
+        // logs of 100 events (about four blocks each) 5-10% faster. The same bound keeps the
+        // buffer's first allocation moderate for large events; it grows as needed.
         let expected_bytes = (limit as usize)
             .saturating_mul(self.record_bytes)
             .min(MAX_READAHEAD_BYTES);
