@@ -4,10 +4,10 @@
 //! [`stream`] turns a cursor into a stream. It reads a small first chunk in the consumer's
 //! task, and every later chunk on tokio's blocking pool while the consumer works through the
 //! current one, so a long replay keeps RocksDB and the consumer busy at the same time; live
-//! streams wait on the writer's commit counter when caught up. Checksums are verified and
-//! records decoded on the consumer's side, several records side by side
-//! ([`storage::check_sealed_many`]), and payloads are slices of the buffer a chunk was read
-//! into.
+//! streams wait on the writer's commit counter when caught up. Checksums are verified on the
+//! consumer's side, several records side by side ([`storage::check_sealed_many`]), and each
+//! record is decoded only as the consumer takes it, so a chunk is never held decoded in full;
+//! payloads are slices of the buffer a chunk was read into.
 
 use super::Shared;
 use super::keys::{
@@ -162,14 +162,14 @@ impl<R> Chunk<R> {
 /// A position in a replay or query that can read its next chunk.
 ///
 /// Reading (`read_chunk`, on the blocking pool but for a replay's small first chunk) and
-/// decoding (`decode`, in the stream's task) are separate so that a long replay verifies
+/// decoding (`next_item`, in the stream's task) are separate so that a long replay verifies
 /// checksums and decodes one chunk while RocksDB reads the next on another core.
 pub(crate) trait Cursor: Send + 'static {
     /// Whether the first chunk is read in the stream's task (see
     /// `JournalConfig::inline_read_events`): for sequential reads of one log, not for queries
     /// that look records up one by one.
     const READ_FIRST_INLINE: bool = false;
-    /// What a read step yields.
+    /// What a read step yields, from which the stream takes items one by one.
     type Raw: Send + 'static;
     /// What the stream yields.
     type Item: Send + 'static;
@@ -183,22 +183,98 @@ pub(crate) trait Cursor: Send + 'static {
         shared: &Shared,
         limit: usize,
     ) -> Result<Chunk<Self::Raw>, JournalError>;
-    /// Decodes a chunk: its items, up to the first that fails, and that failure.
-    fn decode(
+    /// Takes the next item out of a chunk, `None` once it is used up. An error ends the
+    /// stream.
+    fn next_item(
         decoder: &mut Self::Decoder,
-        raw: Self::Raw,
-    ) -> (Vec<Self::Item>, Option<JournalError>);
+        raw: &mut Self::Raw,
+    ) -> Option<Result<Self::Item, JournalError>>;
     /// Nothing can ever follow (a bound or a maximum count was reached).
     fn finished(&self) -> bool;
 }
 
-/// Event records of one log copied out of RocksDB, not yet verified or decoded.
+/// Event records of one log copied out of RocksDB, verified a group at a time and decoded one
+/// at a time as the stream hands them out.
 pub(crate) struct RawEvents {
     pid_num: u64,
     /// The records' values, back to back.
-    values: Vec<u8>,
+    values: Bytes,
+    /// Payloads are handed out as slices of `values` rather than copied (see
+    /// [`RawEvents::new`]).
+    share_payloads: bool,
     /// Sequence number and end offset in `values` of each record.
     records: Vec<(u64, usize)>,
+    /// The next record to hand out.
+    next: usize,
+    /// The records before this one passed their checksum check.
+    checked_to: usize,
+    /// Why the record at `checked_to` failed its check.
+    check_failure: Option<JournalError>,
+}
+
+impl RawEvents {
+    fn new(pid_num: u64, values: Vec<u8>, records: Vec<(u64, usize)>) -> Self {
+        // A small chunk's payloads are handed out as slices of the buffer it was read into; a
+        // larger chunk's are copied into the decoder's arena, so that a payload a consumer
+        // keeps never keeps more than an arena's worth of other records alive.
+        let share_payloads = values.capacity() <= PAYLOAD_ARENA_BYTES;
+        RawEvents {
+            pid_num,
+            values: Bytes::from(values),
+            share_payloads,
+            records,
+            next: 0,
+            checked_to: 0,
+            check_failure: None,
+        }
+    }
+
+    fn empty() -> Self {
+        RawEvents::new(0, Vec::new(), Vec::new())
+    }
+
+    /// Where record `index` starts in `values`.
+    fn start_of(&self, index: usize) -> usize {
+        match index.checked_sub(1) {
+            Some(previous) => self.records[previous].1,
+            None => 0,
+        }
+    }
+
+    /// Verifies the checksums of the next group of records side by side, moving
+    /// `checked_to` past those that pass.
+    fn check_group(&mut self, persistence_id: &str) {
+        let first = self.next;
+        let group = &self.records[first..(first + CHECK_GROUP).min(self.records.len())];
+        let mut keys = [[0u8; 16]; CHECK_GROUP];
+        let mut ranges: [std::ops::Range<usize>; CHECK_GROUP] = Default::default();
+        let mut start = self.start_of(first);
+        for (i, &(sequence_nr, end)) in group.iter().enumerate() {
+            keys[i] = pair_key(self.pid_num, sequence_nr);
+            ranges[i] = start..end;
+            start = end;
+        }
+        let sealed: [(&[u8], &[u8]); CHECK_GROUP] = std::array::from_fn(|i| {
+            (
+                &keys[i][..],
+                self.values.get(ranges[i].clone()).unwrap_or_default(),
+            )
+        });
+        let (passed, failure) =
+            match storage::check_sealed_many(RECORD_FORMAT_VERSION, &sealed[..group.len()]) {
+                Ok(()) => (group.len(), None),
+                Err((i, e)) => (i, Some(unseal_error(persistence_id, group[i].0, e))),
+            };
+        self.checked_to = first + passed;
+        self.check_failure = failure;
+    }
+
+    /// Nothing more is handed out (after an error).
+    fn stop(&mut self) {
+        self.next = self.records.len();
+        self.checked_to = self.next;
+        self.check_failure = None;
+    }
 }
 
 /// Verifies and decodes [`RawEvents`].
@@ -256,61 +332,43 @@ impl Cursor for EventCursor {
         }
     }
 
-    fn decode(
+    fn next_item(
         decoder: &mut LogDecoder,
-        raw: RawEvents,
-    ) -> (Vec<PersistentRepr>, Option<JournalError>) {
-        let mut items = Vec::with_capacity(raw.records.len());
-        // A small chunk's payloads are handed out as slices of the buffer it was read into;
-        // a larger chunk's are copied into the decoder's arena, so that a payload a consumer
-        // keeps never keeps more than an arena's worth of other records alive.
-        let shared = raw.values.capacity() <= PAYLOAD_ARENA_BYTES;
-        let values = Bytes::from(raw.values);
-        let persistence_id = &decoder.persistence_id;
-        let mut start = 0;
-        for group in raw.records.chunks(CHECK_GROUP) {
-            // Checksums first, a group of records side by side, then decoding.
-            let mut keys = [[0u8; 16]; CHECK_GROUP];
-            let mut ranges: [std::ops::Range<usize>; CHECK_GROUP] = Default::default();
-            for (i, &(sequence_nr, end)) in group.iter().enumerate() {
-                keys[i] = pair_key(raw.pid_num, sequence_nr);
-                ranges[i] = start..end;
-                start = end;
+        raw: &mut RawEvents,
+    ) -> Option<Result<PersistentRepr, JournalError>> {
+        if raw.next == raw.checked_to {
+            if raw.check_failure.is_none() && raw.next < raw.records.len() {
+                // Checksums first, a group of records side by side, then decoding one by one.
+                raw.check_group(&decoder.persistence_id);
             }
-            let sealed: [(&[u8], &[u8]); CHECK_GROUP] = std::array::from_fn(|i| {
-                (
-                    &keys[i][..],
-                    values.get(ranges[i].clone()).unwrap_or_default(),
-                )
-            });
-            let (valid, failure) =
-                match storage::check_sealed_many(RECORD_FORMAT_VERSION, &sealed[..group.len()]) {
-                    Ok(()) => (group.len(), None),
-                    Err((i, e)) => (i, Some(unseal_error(persistence_id, group[i].0, e))),
-                };
-            for (i, &(sequence_nr, _)) in group.iter().enumerate().take(valid) {
-                let decoded = if shared {
-                    decoder.decoder.decode_shared(
-                        persistence_id,
-                        sequence_nr,
-                        &values,
-                        ranges[i].clone(),
-                    )
-                } else {
-                    decoder
-                        .decoder
-                        .decode_checked(persistence_id, sequence_nr, sealed[i].1)
-                };
-                match decoded {
-                    Ok(decoded) => items.push(decoded.repr),
-                    Err(e) => return (items, Some(e)),
-                }
-            }
-            if failure.is_some() {
-                return (items, failure);
+            if raw.next == raw.checked_to {
+                let failure = raw.check_failure.take()?;
+                raw.stop();
+                return Some(Err(failure));
             }
         }
-        (items, None)
+        let index = raw.next;
+        raw.next += 1;
+        let (sequence_nr, end) = raw.records[index];
+        let range = raw.start_of(index)..end;
+        let persistence_id = &decoder.persistence_id;
+        let decoded = if raw.share_payloads {
+            decoder
+                .decoder
+                .decode_shared(persistence_id, sequence_nr, &raw.values, range)
+        } else {
+            let value = raw.values.get(range).unwrap_or_default();
+            decoder
+                .decoder
+                .decode_checked(persistence_id, sequence_nr, value)
+        };
+        Some(match decoded {
+            Ok(decoded) => Ok(decoded.repr),
+            Err(e) => {
+                raw.stop();
+                Err(e)
+            }
+        })
     }
 
     fn read_chunk(
@@ -318,16 +376,7 @@ impl Cursor for EventCursor {
         shared: &Shared,
         limit: usize,
     ) -> Result<Chunk<RawEvents>, JournalError> {
-        let caught_up = || {
-            Chunk::complete(
-                RawEvents {
-                    pid_num: 0,
-                    values: Vec::new(),
-                    records: Vec::new(),
-                },
-                true,
-            )
-        };
+        let caught_up = || Chunk::complete(RawEvents::empty(), true);
         let Some(Log { pid_num, state, .. }) = log_of(shared, &self.persistence_id)? else {
             return Ok(caught_up());
         };
@@ -359,13 +408,10 @@ impl Cursor for EventCursor {
         options.set_readahead_size(expected_bytes);
         let mut iter = shared.db.raw_iterator_cf_opt(events, options);
         iter.seek(pair_key(pid_num, start));
-        let mut raw = RawEvents {
-            pid_num,
-            values: Vec::with_capacity(expected_bytes),
-            records: Vec::with_capacity(limit as usize),
-        };
+        let mut values = Vec::with_capacity(expected_bytes);
+        let mut records = Vec::with_capacity(limit as usize);
         let mut expected = start;
-        while (raw.records.len() as u64) < limit {
+        while (records.len() as u64) < limit {
             let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
                 break;
             };
@@ -382,16 +428,17 @@ impl Cursor for EventCursor {
             // Checksums are verified and records decoded in the consumer's task, while this
             // thread reads the next chunk: the replay's work is split over two cores, and the
             // blocking thread does no more than RocksDB's own iteration and a copy.
-            raw.values.extend_from_slice(value);
-            raw.records.push((sequence_nr, raw.values.len()));
+            values.extend_from_slice(value);
+            records.push((sequence_nr, values.len()));
             expected = sequence_nr + 1;
             iter.next();
         }
-        let read = raw.records.len() as u64;
+        let read = records.len() as u64;
         self.remaining -= read;
         if read > 0 {
-            self.record_bytes = raw.values.len() / raw.records.len();
+            self.record_bytes = values.len() / records.len();
         }
+        let raw = RawEvents::new(pid_num, values, records);
         if let Err(e) = iter.status() {
             self.next_sequence_nr = expected;
             return Ok(Chunk {
@@ -439,26 +486,26 @@ impl TagCursor {
 
 impl Cursor for TagCursor {
     /// Events by tag come from many logs by point lookups; they are decoded as they are read.
-    type Raw = Vec<EventEnvelope>;
+    type Raw = std::vec::IntoIter<EventEnvelope>;
     type Item = EventEnvelope;
     type Decoder = ();
 
     fn decoder(&self) {}
 
-    fn decode(_: &mut (), raw: Vec<EventEnvelope>) -> (Vec<EventEnvelope>, Option<JournalError>) {
-        (raw, None)
+    fn next_item(_: &mut (), raw: &mut Self::Raw) -> Option<Result<EventEnvelope, JournalError>> {
+        raw.next().map(Ok)
     }
 
     fn read_chunk(
         &mut self,
         shared: &Shared,
         limit: usize,
-    ) -> Result<Chunk<Vec<EventEnvelope>>, JournalError> {
+    ) -> Result<Chunk<Self::Raw>, JournalError> {
         let tag_num = match self.tag_num {
             Some(n) => n,
             None => match tag_num(shared, &self.tag)? {
                 Some(n) => *self.tag_num.insert(n),
-                None => return Ok(Chunk::complete(Vec::new(), true)),
+                None => return Ok(Chunk::complete(Vec::new().into_iter(), true)),
             },
         };
         let mut entries = Vec::with_capacity(limit);
@@ -533,14 +580,14 @@ impl Cursor for TagCursor {
                 }),
                 Err(e) => {
                     return Ok(Chunk {
-                        raw: items,
+                        raw: items.into_iter(),
                         caught_up: true,
                         error: Some(e),
                     });
                 }
             }
         }
-        Ok(Chunk::complete(items, entries.len() < limit))
+        Ok(Chunk::complete(items.into_iter(), entries.len() < limit))
     }
 
     fn finished(&self) -> bool {
@@ -555,21 +602,21 @@ pub(crate) struct PersistenceIdCursor {
 }
 
 impl Cursor for PersistenceIdCursor {
-    type Raw = Vec<String>;
+    type Raw = std::vec::IntoIter<String>;
     type Item = String;
     type Decoder = ();
 
     fn decoder(&self) {}
 
-    fn decode(_: &mut (), raw: Vec<String>) -> (Vec<String>, Option<JournalError>) {
-        (raw, None)
+    fn next_item(_: &mut (), raw: &mut Self::Raw) -> Option<Result<String, JournalError>> {
+        raw.next().map(Ok)
     }
 
     fn read_chunk(
         &mut self,
         shared: &Shared,
         limit: usize,
-    ) -> Result<Chunk<Vec<String>>, JournalError> {
+    ) -> Result<Chunk<Self::Raw>, JournalError> {
         let mut options = rocksdb::ReadOptions::default();
         options.set_iterate_upper_bound(keys::pid_name_upper_bound());
         let mut iter = shared.db.raw_iterator_cf_opt(shared.cf(CF_META)?, options);
@@ -593,7 +640,7 @@ impl Cursor for PersistenceIdCursor {
         }
         iter.status()?;
         let caught_up = items.len() < limit;
-        Ok(Chunk::complete(items, caught_up))
+        Ok(Chunk::complete(items.into_iter(), caught_up))
     }
 
     fn finished(&self) -> bool {
@@ -618,7 +665,6 @@ enum Step<C: Cursor> {
 
 struct StreamState<C: Cursor> {
     shared: Arc<Shared>,
-    decoder: C::Decoder,
     /// `Some` for a live query.
     commits: Option<watch::Receiver<u64>>,
     step: Step<C>,
@@ -653,13 +699,10 @@ impl<C: Cursor> StreamState<C> {
         (cursor, chunk)
     }
 
-    /// Takes in what a read returned: starts the next read, then decodes this chunk.
-    fn take(&mut self, (cursor, chunk): ChunkRead<C>) -> Option<ChunkItems<C>> {
-        let chunk = match chunk {
-            Ok(chunk) => chunk,
-            Err(e) => return Some(Err(e)),
-        };
-        // Start reading the next chunk before decoding this one.
+    /// Takes in what a read returned and starts the next read, before the consumer goes
+    /// through this chunk.
+    fn take(&mut self, (cursor, chunk): ChunkRead<C>) -> ChunkOfStream<C> {
+        let chunk = chunk?;
         self.step = if chunk.error.is_some() || cursor.finished() {
             Step::Done
         } else if !chunk.caught_up {
@@ -669,18 +712,12 @@ impl<C: Cursor> StreamState<C> {
         } else {
             Step::Done
         };
-        let (items, decode_error) = C::decode(&mut self.decoder, chunk.raw);
-        // A record that fails to decode comes before anything the read stopped at.
-        let error = decode_error.or(chunk.error);
-        if error.is_some() {
-            self.step = Step::Done;
-        }
-        (!items.is_empty() || error.is_some()).then_some(Ok((items, error)))
+        Ok((chunk.raw, chunk.error))
     }
 }
 
-/// The items of one chunk and the error the stream ends with, if any.
-type ChunkItems<C> = Result<(Vec<<C as Cursor>::Item>, Option<JournalError>), JournalError>;
+/// One chunk as read, and the error the stream ends with after its items, if any.
+type ChunkOfStream<C> = Result<(<C as Cursor>::Raw, Option<JournalError>), JournalError>;
 
 /// The stream of a cursor: current (`commits` is `None`) or live.
 pub(crate) fn stream<C: Cursor>(
@@ -689,9 +726,9 @@ pub(crate) fn stream<C: Cursor>(
     commits: Option<watch::Receiver<u64>>,
 ) -> JournalStream<C::Item> {
     let inline = C::READ_FIRST_INLINE && shared.config.inline_read_events > 0;
+    let decoder = cursor.decoder();
     let state = StreamState {
         shared,
-        decoder: cursor.decoder(),
         commits,
         step: if inline {
             Step::First(cursor)
@@ -723,9 +760,7 @@ pub(crate) fn stream<C: Cursor>(
                     }
                 },
             };
-            if let Some(items) = state.take(read) {
-                return Some((items, state));
-            }
+            return Some((state.take(read), state));
         }
     })
     .boxed()
@@ -733,25 +768,39 @@ pub(crate) fn stream<C: Cursor>(
     .fuse();
     ChunkedStream::<C> {
         chunks,
-        items: Vec::new().into_iter(),
+        decoder,
+        chunk: None,
         error: None,
+        ended: false,
     }
     .boxed()
 }
 
-/// Hands out the items of a stream of chunks one by one. Written out rather than composed
-/// from `flat_map`: a replay moves every event through here, and each layer of adapters
-/// costs a move of the event and a poll per event.
+/// Hands out the items of a stream of chunks one by one, decoding each as it is taken.
+/// Written out rather than composed from `flat_map`: a replay moves every event through here,
+/// and each layer of adapters costs a move of the event and a poll per event.
 struct ChunkedStream<C: Cursor> {
-    chunks: Fuse<BoxStream<'static, ChunkItems<C>>>,
+    chunks: Fuse<BoxStream<'static, ChunkOfStream<C>>>,
+    decoder: C::Decoder,
     /// The rest of the current chunk.
-    items: std::vec::IntoIter<C::Item>,
-    /// The error the current chunk ends with.
+    chunk: Option<C::Raw>,
+    /// The error the current chunk ends with, after its items.
     error: Option<JournalError>,
+    /// An error was handed out: nothing follows it.
+    ended: bool,
 }
 
-// Nothing in it is pinned in place: the chunk stream is boxed, and items are moved out of a
-// vector.
+impl<C: Cursor> ChunkedStream<C> {
+    fn end_with(&mut self, e: JournalError) -> Option<Result<C::Item, JournalError>> {
+        self.ended = true;
+        self.chunk = None;
+        self.error = None;
+        Some(Err(e))
+    }
+}
+
+// Nothing in it is pinned in place: the chunk stream is boxed, and items are moved out of
+// the current chunk.
 impl<C: Cursor> Unpin for ChunkedStream<C> {}
 
 impl<C: Cursor> Stream for ChunkedStream<C> {
@@ -764,19 +813,31 @@ impl<C: Cursor> Stream for ChunkedStream<C> {
         use std::task::Poll;
         let this = self.get_mut();
         loop {
-            if let Some(item) = this.items.next() {
-                return Poll::Ready(Some(Ok(item)));
+            if let Some(chunk) = &mut this.chunk {
+                match C::next_item(&mut this.decoder, chunk) {
+                    Some(Ok(item)) => return Poll::Ready(Some(Ok(item))),
+                    // A record that fails its check or decoding comes before anything the
+                    // read stopped at.
+                    Some(Err(e)) => return Poll::Ready(this.end_with(e)),
+                    None => this.chunk = None,
+                }
             }
             if let Some(e) = this.error.take() {
-                return Poll::Ready(Some(Err(e)));
+                return Poll::Ready(this.end_with(e));
+            }
+            if this.ended {
+                return Poll::Ready(None);
             }
             match this.chunks.poll_next_unpin(cx) {
-                Poll::Ready(Some(Ok((items, error)))) => {
-                    this.items = items.into_iter();
+                Poll::Ready(Some(Ok((chunk, error)))) => {
+                    this.chunk = Some(chunk);
                     this.error = error;
                 }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(this.end_with(e)),
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    return Poll::Ready(None);
+                }
                 Poll::Pending => return Poll::Pending,
             }
         }
