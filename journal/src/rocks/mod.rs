@@ -3,6 +3,7 @@
 
 mod keys;
 mod reader;
+mod recent;
 mod writer;
 
 use crate::config::JournalConfig;

@@ -13,6 +13,7 @@ use super::Shared;
 use super::keys::{
     self, CF_EVENTS, CF_META, CF_TAG_INDEX, LogState, pair_key, pair_upper_bound, parse_pair,
 };
+use super::recent::Recent;
 use crate::error::JournalError;
 use crate::journal::{JournalStream, QueryMode};
 use crate::record::{
@@ -27,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// Names a reading cursor remembers (pid number → persistence id) before starting afresh.
+/// Names a tag query remembers at most (pid number → persistence id), the most recently used.
 const MAX_REMEMBERED_NAMES: usize = 10_000;
 
 /// A log as its metadata describes it.
@@ -468,7 +469,7 @@ pub(crate) struct TagCursor {
     tag: String,
     tag_num: Option<u64>,
     after_offset: u64,
-    names: HashMap<u64, Arc<str>>,
+    names: Recent<u64, Arc<str>>,
     decoder: EventDecoder,
 }
 
@@ -478,7 +479,7 @@ impl TagCursor {
             tag: tag.to_string(),
             tag_num: None,
             after_offset,
-            names: HashMap::new(),
+            names: Recent::new(MAX_REMEMBERED_NAMES),
             decoder: EventDecoder::new(),
         }
     }
@@ -533,21 +534,18 @@ impl Cursor for TagCursor {
             }
             iter.status()?;
         }
-        if self.names.len() > MAX_REMEMBERED_NAMES {
-            self.names.clear();
-        }
         let mut states: HashMap<u64, LogState> = HashMap::new();
         let events = shared.cf(CF_EVENTS)?;
         let mut items = Vec::with_capacity(entries.len());
         for &(offset, pid_num, sequence_nr) in &entries {
             self.after_offset = offset;
             let persistence_id = match self.names.get(&pid_num) {
-                Some(name) => name.clone(),
-                None => self
-                    .names
-                    .entry(pid_num)
-                    .or_insert(pid_name(shared, pid_num)?)
-                    .clone(),
+                Some(name) => name,
+                None => {
+                    let name = pid_name(shared, pid_num)?;
+                    self.names.insert(pid_num, name.clone());
+                    name
+                }
             };
             let deleted_to = match states.get(&pid_num) {
                 Some(state) => state.deleted_to,

@@ -19,6 +19,7 @@ use super::keys::{
     pair_upper_bound,
 };
 use super::reader;
+use super::recent::Recent;
 use crate::config::FsyncPolicy;
 use crate::error::JournalError;
 use crate::record::{self, AtomicWrite};
@@ -31,53 +32,9 @@ use tokio::sync::{oneshot, watch};
 
 /// Logs and tags whose numbers and state the writer keeps in memory at most, each: memory
 /// stays bounded whatever the number of persistence ids, and what was forgotten is read from
-/// RocksDB again on demand (see [`RecentNames`]).
+/// RocksDB again on demand (see [`Recent`]).
 const MAX_CACHED_NAMES: usize = 100_000;
 
-/// Values by name, at most `capacity` of them, keeping those used recently. Two generations
-/// rather than a least-recently-used list: a name used since the last turnover is kept, and
-/// when the current generation is full the previous one is forgotten at once, so a working
-/// set larger than the bound costs a lookup per forgotten name instead of emptying
-/// everything, and there is no per-entry bookkeeping.
-struct RecentNames<V> {
-    current: HashMap<String, V>,
-    /// The generation before; a name is looked for here only if `current` lacks it, so a
-    /// value replaced in `current` is never read from here.
-    previous: HashMap<String, V>,
-    /// Names per generation.
-    generation_len: usize,
-}
-
-impl<V: Copy> RecentNames<V> {
-    fn new(capacity: usize) -> Self {
-        RecentNames {
-            current: HashMap::new(),
-            previous: HashMap::new(),
-            generation_len: (capacity / 2).max(1),
-        }
-    }
-
-    fn get(&mut self, name: &str) -> Option<V> {
-        if let Some(value) = self.current.get(name) {
-            return Some(*value);
-        }
-        let (name, value) = self.previous.remove_entry(name)?;
-        self.insert(name, value);
-        Some(value)
-    }
-
-    fn insert(&mut self, name: String, value: V) {
-        if self.current.len() >= self.generation_len && !self.current.contains_key(&name) {
-            self.previous = std::mem::take(&mut self.current);
-        }
-        self.current.insert(name, value);
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.current.len() + self.previous.len()
-    }
-}
 /// A chunk of physical deletion runs at least once per this many groups, so that a busy
 /// journal still reclaims space.
 const GROUPS_PER_DELETION_STEP: u32 = 16;
@@ -129,8 +86,8 @@ struct Staged {
 
 struct Writer {
     shared: Arc<Shared>,
-    logs: RecentNames<CachedLog>,
-    tags: RecentNames<u64>,
+    logs: Recent<String, CachedLog>,
+    tags: Recent<String, u64>,
     counters: Counters,
     deletions: BTreeMap<u64, PendingDeletion>,
     commits: watch::Sender<u64>,
@@ -162,8 +119,8 @@ pub(crate) fn start(
     durable.set_sync(shared.config.fsync == FsyncPolicy::Always);
     let writer = Writer {
         shared,
-        logs: RecentNames::new(MAX_CACHED_NAMES),
-        tags: RecentNames::new(MAX_CACHED_NAMES),
+        logs: Recent::new(MAX_CACHED_NAMES),
+        tags: Recent::new(MAX_CACHED_NAMES),
         counters,
         deletions,
         commits,
@@ -644,45 +601,5 @@ impl Writer {
 fn fail_all(replies: Vec<oneshot::Sender<Result<(), JournalError>>>, message: &str) {
     for reply in replies {
         let _ = reply.send(Err(JournalError::Storage(message.to_string())));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RecentNames;
-
-    #[test]
-    fn recent_names_keep_what_was_used_since_the_last_turnover_within_the_bound() {
-        let mut names = RecentNames::new(4);
-        names.insert("a".to_string(), 1);
-        names.insert("b".to_string(), 2);
-        // The generation is full: "c" starts the next one, "a" and "b" become the previous.
-        names.insert("c".to_string(), 3);
-        // Used again: back in the current generation.
-        assert_eq!(names.get("a"), Some(1));
-        // The current generation ("c", "a") is full: "d" turns it over, and "b", unused since
-        // the last turnover, is forgotten.
-        names.insert("d".to_string(), 4);
-        assert_eq!(names.get("b"), None);
-        assert_eq!(names.get("a"), Some(1));
-        assert_eq!(names.get("c"), Some(3));
-        assert_eq!(names.get("d"), Some(4));
-        for i in 0..1_000 {
-            names.insert(format!("n{i}"), i);
-            assert!(names.len() <= 4, "{} names kept", names.len());
-        }
-    }
-
-    #[test]
-    fn a_replaced_value_is_the_one_read_whichever_generation_held_the_old_one() {
-        let mut names = RecentNames::new(4);
-        names.insert("a".to_string(), 1);
-        names.insert("b".to_string(), 2);
-        names.insert("c".to_string(), 3);
-        // "a" is in the previous generation; its new value goes to the current one.
-        names.insert("a".to_string(), 10);
-        assert_eq!(names.get("a"), Some(10));
-        names.insert("d".to_string(), 4);
-        assert_eq!(names.get("a"), Some(10));
     }
 }
