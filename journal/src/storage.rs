@@ -195,6 +195,10 @@ pub const FORMAT_VERSION_KEY: &[u8] = b"format_version";
 /// Checks the format version of an existing store before it is opened for writing, by opening
 /// it read-only: a store written by a newer release is refused without changing a byte.
 /// Returns `None` for a directory without a database (a new store), else the version found.
+///
+/// A database that holds nothing at all is new too, whatever column families it has: a store
+/// is created by opening RocksDB and then recording the format, and a crash between the two
+/// leaves an empty database without the marker, which must still open.
 pub fn check_store_format(
     path: &Path,
     kind: &'static str,
@@ -206,25 +210,41 @@ pub fn check_store_format(
         // No CURRENT file: nothing was ever written here.
         return Ok(None);
     };
-    if !column_families.iter().any(|cf| cf == meta_cf) {
-        return Err(StoreFormatError::Foreign {
-            path: path.to_path_buf(),
-            kind,
-        });
-    }
+    let foreign = || StoreFormatError::Foreign {
+        path: path.to_path_buf(),
+        kind,
+    };
     let unreadable = |detail: String| StoreFormatError::Unreadable {
         path: path.to_path_buf(),
         detail,
     };
-    let db = rocksdb::DB::open_cf_for_read_only(&options, path, &column_families, false)
-        .map_err(|e| unreadable(e.to_string()))?;
-    let cf = db
-        .cf_handle(meta_cf)
-        .ok_or_else(|| unreadable(format!("column family {meta_cf} vanished")))?;
-    let value = db
-        .get_cf(cf, FORMAT_VERSION_KEY)
-        .map_err(|e| unreadable(e.to_string()))?
-        .ok_or_else(|| unreadable("no format version recorded".to_string()))?;
+    let has_meta = column_families.iter().any(|cf| cf == meta_cf);
+    let db = rocksdb::DB::open_cf_for_read_only(&options, path, &column_families, false).map_err(
+        |e| {
+            if has_meta {
+                unreadable(e.to_string())
+            } else {
+                // Another application's database, with options of its own.
+                foreign()
+            }
+        },
+    )?;
+    let marker = match db.cf_handle(meta_cf) {
+        Some(cf) => db
+            .get_cf(cf, FORMAT_VERSION_KEY)
+            .map_err(|e| unreadable(e.to_string()))?,
+        None => None,
+    };
+    let Some(value) = marker else {
+        if holds_nothing(&db, &column_families).map_err(|e| unreadable(e.to_string()))? {
+            return Ok(None);
+        }
+        return Err(if has_meta {
+            unreadable("no format version recorded".to_string())
+        } else {
+            foreign()
+        });
+    };
     let found = <[u8; 4]>::try_from(value.as_slice())
         .map(u32::from_be_bytes)
         .map_err(|_| unreadable(format!("format version of {} bytes", value.len())))?;
@@ -238,9 +258,94 @@ pub fn check_store_format(
     Ok(Some(found))
 }
 
+/// Whether no column family of `db` holds a key.
+fn holds_nothing(db: &rocksdb::DB, column_families: &[String]) -> Result<bool, rocksdb::Error> {
+    for name in column_families {
+        let Some(cf) = db.cf_handle(name) else {
+            continue;
+        };
+        let mut iter = db.raw_iterator_cf(cf);
+        iter.seek_to_first();
+        iter.status()?;
+        if iter.valid() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Creates a RocksDB database at `path` with `column_families` (and `default`), putting
+    /// `entries` (column family, key) into it.
+    fn database(path: &Path, column_families: &[&str], entries: &[(&str, &[u8])]) {
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        let db = rocksdb::DB::open_cf(&options, path, column_families).unwrap();
+        for (cf, key) in entries {
+            match db.cf_handle(cf) {
+                Some(cf) => db.put_cf(cf, key, b"v").unwrap(),
+                // `default`, which is not among the handles opened by name.
+                None => db.put(key, b"v").unwrap(),
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_database_without_a_marker_is_a_new_store() {
+        // The states a crash during a store's creation can leave: RocksDB opened (with some or
+        // all column families) but the format not yet recorded.
+        for column_families in [&[][..], &["events"][..], &["events", "meta"][..]] {
+            let dir = tempfile::tempdir().unwrap();
+            database(dir.path(), column_families, &[]);
+            let found = check_store_format(dir.path(), "journal", "meta", 3);
+            assert!(matches!(found, Ok(None)), "{column_families:?}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn a_database_holding_keys_but_no_marker_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        database(dir.path(), &["events", "meta"], &[("events", b"k")]);
+        let found = check_store_format(dir.path(), "journal", "meta", 3);
+        assert!(
+            matches!(&found, Err(StoreFormatError::Unreadable { detail, .. })
+                if detail.contains("no format version")),
+            "{found:?}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        database(dir.path(), &["other"], &[("default", b"k")]);
+        let found = check_store_format(dir.path(), "journal", "meta", 3);
+        assert!(
+            matches!(found, Err(StoreFormatError::Foreign { .. })),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn the_marker_decides_once_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        database(dir.path(), &["meta"], &[]);
+        {
+            let db =
+                rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), ["meta"]).unwrap();
+            let meta = db.cf_handle("meta").unwrap();
+            db.put_cf(meta, FORMAT_VERSION_KEY, 4u32.to_be_bytes())
+                .unwrap();
+        }
+        let found = check_store_format(dir.path(), "journal", "meta", 3);
+        assert!(
+            matches!(found, Err(StoreFormatError::Newer { found: 4, .. })),
+            "{found:?}"
+        );
+        assert!(matches!(
+            check_store_format(dir.path(), "journal", "meta", 4),
+            Ok(Some(4))
+        ));
+    }
 
     #[test]
     fn keys_of_every_length_are_padded_by_one_rule() {

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use std::time::Duration;
 use tessera_journal::{
     AtomicWrite, Journal, JournalError, MAX_NAME_BYTES, Manifest, PersistentRepr, QueryMode,
-    RECORD_FORMAT_VERSION, RocksJournal, STORE_FORMAT_VERSION, event_key, storage,
+    RECORD_FORMAT_VERSION, RocksJournal, STORE_FORMAT_VERSION, event_key, rocksdb_options, storage,
 };
 
 /// The sealed value of `event` (stored under `key`, at `offset` in the tag order) in record
@@ -883,6 +883,26 @@ async fn a_store_of_a_newer_format_is_refused_and_left_untouched() {
         before,
         "the refused store's files are unchanged"
     );
+}
+
+#[tokio::test]
+async fn a_store_whose_creation_was_cut_short_opens_as_a_new_one() {
+    // A crash after RocksDB created the database but before the journal recorded its format
+    // leaves the column families without the format marker: the store must still open.
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    {
+        let (options, cfs) = rocksdb_options(&config);
+        rocksdb::DB::open_cf_descriptors(&options, &config.path, cfs).unwrap();
+    }
+    let journal = RocksJournal::open(config.clone())
+        .await
+        .expect("an empty store without its marker opens");
+    journal.append(write("a", 1, 3)).await.unwrap();
+    journal.close().await;
+    let journal = RocksJournal::open(config).await.unwrap();
+    assert_eq!(replayed_seqs(&journal, "a").await, [1, 2, 3]);
+    journal.close().await;
 }
 
 /// Rewrites the metadata of a format-2 store as store format 1 wrote it: the `p` value of a
