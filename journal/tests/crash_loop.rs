@@ -1,20 +1,22 @@
-//! Crash loop: a child process appends batches with `fsync = always` and prints every
-//! acknowledged sequence number; the parent SIGKILLs it at a random moment, reopens the store
-//! and checks that it opens, that every acknowledged event is there, that each log is
-//! contiguous and that no batch is partially visible. 100 iterations by default;
-//! `TESSERA_CRASH_ITERATIONS=1000` for more, `TESSERA_CRASH_SEED` to repeat a run.
+//! Crash loop: a child process appends batches with `fsync = always`, now and then deletes
+//! the start of a log, and prints every acknowledged sequence number and deletion; the parent
+//! SIGKILLs it at a random moment, reopens the store and checks that it opens, that every
+//! acknowledged event is there unless deleted, that every acknowledged deletion holds (also
+//! for events by tag), that each log is contiguous and that no batch is partially visible. 100
+//! iterations by default; `TESSERA_CRASH_ITERATIONS=1000` for more, `TESSERA_CRASH_SEED` to
+//! repeat a run.
 
 mod common;
 
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_journal::{
-    AtomicWrite, FsyncPolicy, Journal, JournalConfig, Manifest, NewEvent, RocksJournal,
+    AtomicWrite, FsyncPolicy, Journal, JournalConfig, Manifest, NewEvent, QueryMode, RocksJournal,
 };
 
 const CHILD_DIR_ENV: &str = "TESSERA_JOURNAL_CRASH_CHILD_DIR";
@@ -79,9 +81,15 @@ fn crash_child() {
                     };
                     journal.append(write).await.unwrap();
                     next += size;
-                    let mut out = std::io::stdout().lock();
-                    writeln!(out, "ack {pid} {}", next - 1).unwrap();
-                    out.flush().unwrap();
+                    print_line(&format!("ack {pid} {}", next - 1));
+                    // Now and then the start of the log goes, a few events short of its end,
+                    // so that deletions (logical, then physical) are cut short too.
+                    if rng.random_range(0..8) == 0 {
+                        let to = (next - 1).saturating_sub(rng.random_range(0..=3));
+                        print_line(&format!("delete {pid} {to}"));
+                        journal.delete_to(&pid, to).await.unwrap();
+                        print_line(&format!("deleted {pid} {to}"));
+                    }
                 }
             }));
         }
@@ -91,30 +99,60 @@ fn crash_child() {
     });
 }
 
-fn verify(dir: &Path, acked: &HashMap<String, u64>, runtime: &tokio::runtime::Runtime) -> u64 {
+/// Prints one line for the parent, at once.
+fn print_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").unwrap();
+    out.flush().unwrap();
+}
+
+/// What the parent learnt from the children about one log.
+#[derive(Debug, Default, Clone)]
+struct Log {
+    /// The highest sequence number acknowledged.
+    acked: u64,
+    /// The highest deletion acknowledged.
+    deleted: u64,
+    /// Every deletion requested (acknowledged or not: a crash may or may not leave it done).
+    requested: BTreeSet<u64>,
+}
+
+fn verify(dir: &Path, logs: &HashMap<String, Log>, runtime: &tokio::runtime::Runtime) -> u64 {
     runtime.block_on(async {
         let journal = RocksJournal::open(journal_config(dir))
             .await
             .expect("the store opens after every crash");
         let mut total = 0;
+        let mut deleted_to = HashMap::new();
         for writer in 0..WRITERS {
             let pid = format!("crash-{writer}");
             let highest = journal.highest_sequence_nr(&pid).await.unwrap();
-            let acked_to = acked.get(&pid).copied().unwrap_or(0);
+            let log = logs.get(&pid).cloned().unwrap_or_default();
             assert!(
-                highest >= acked_to,
-                "{pid}: acknowledged up to {acked_to}, store has {highest}"
+                highest >= log.acked,
+                "{pid}: acknowledged up to {}, store has {highest}",
+                log.acked
             );
             let events = common::collect(journal.replay(&pid, 1, u64::MAX, u64::MAX))
                 .await
                 .unwrap_or_else(|e| panic!("{pid}: replay failed: {e}"));
-            assert_eq!(
-                events.len() as u64,
-                highest,
-                "{pid}: log is contiguous from 1"
+            // Events up to the deletion that took effect are gone: one that was requested,
+            // no earlier than the last acknowledged one.
+            let deleted = highest - events.len() as u64;
+            assert!(
+                deleted >= log.deleted && (deleted == 0 || log.requested.contains(&deleted)),
+                "{pid}: events up to {deleted} are gone; the last deletions requested were \
+                 {:?}, acknowledged up to {}",
+                log.requested.iter().rev().take(5).collect::<Vec<_>>(),
+                log.deleted
             );
+            deleted_to.insert(pid.clone(), deleted);
             for (i, event) in events.iter().enumerate() {
-                assert_eq!(event.sequence_nr, i as u64 + 1, "{pid}: contiguous");
+                assert_eq!(
+                    event.sequence_nr,
+                    deleted + i as u64 + 1,
+                    "{pid}: contiguous after the deleted events"
+                );
                 let (first, size, index) = parse_payload(&event.payload)
                     .unwrap_or_else(|| panic!("{pid}#{}: payload", event.sequence_nr));
                 assert_eq!(
@@ -130,6 +168,26 @@ fn verify(dir: &Path, acked: &HashMap<String, u64>, runtime: &tokio::runtime::Ru
             }
             total += highest;
         }
+        let tagged = common::collect(journal.events_by_tag("batch", 0, QueryMode::Current))
+            .await
+            .unwrap_or_else(|e| panic!("events by tag failed: {e}"));
+        for envelope in &tagged {
+            let event = &envelope.event;
+            let deleted = deleted_to
+                .get(event.persistence_id.as_ref())
+                .copied()
+                .unwrap_or(0);
+            assert!(
+                event.sequence_nr > deleted,
+                "{}#{} came by tag although deleted up to {deleted}",
+                event.persistence_id,
+                event.sequence_nr
+            );
+        }
+        assert!(
+            tagged.windows(2).all(|w| w[0].offset < w[1].offset),
+            "tag offsets increase"
+        );
         journal.close().await;
         total
     })
@@ -150,7 +208,7 @@ fn journal_survives_being_killed_at_random_moments() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let exe = std::env::current_exe().unwrap();
-    let acked: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let logs: Arc<Mutex<HashMap<String, Log>>> = Arc::default();
     let mut events_stored = 0;
     for iteration in 0..iterations {
         let mut child = Command::new(&exe)
@@ -167,18 +225,27 @@ fn journal_survives_being_killed_at_random_moments() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
-        let acked_by_reader = acked.clone();
+        let logs_of_reader = logs.clone();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 let mut parts = line.split_whitespace();
-                if let (Some("ack"), Some(pid), Some(seq)) =
-                    (parts.next(), parts.next(), parts.next())
-                    && let Ok(seq) = seq.parse::<u64>()
-                {
-                    let mut acked = acked_by_reader.lock().unwrap();
-                    let entry = acked.entry(pid.to_string()).or_insert(0);
-                    *entry = (*entry).max(seq);
+                let (Some(what), Some(pid), Some(Ok(seq))) = (
+                    parts.next(),
+                    parts.next(),
+                    parts.next().map(str::parse::<u64>),
+                ) else {
+                    continue;
+                };
+                let mut logs = logs_of_reader.lock().unwrap();
+                let log = logs.entry(pid.to_string()).or_default();
+                match what {
+                    "ack" => log.acked = log.acked.max(seq),
+                    "delete" => {
+                        log.requested.insert(seq);
+                    }
+                    "deleted" => log.deleted = log.deleted.max(seq),
+                    _ => {}
                 }
             }
         });
@@ -191,10 +258,16 @@ fn journal_survives_being_killed_at_random_moments() {
             "iteration {iteration}: the child was killed, not finished"
         );
         reader.join().unwrap();
-        let acked_now = acked.lock().unwrap().clone();
-        events_stored = verify(dir.path(), &acked_now, &runtime);
+        let logs_now = logs.lock().unwrap().clone();
+        events_stored = verify(dir.path(), &logs_now, &runtime);
     }
-    let acked_total: u64 = acked.lock().unwrap().values().sum();
-    eprintln!("crash loop: {events_stored} events stored, {acked_total} acknowledged");
+    let logs = logs.lock().unwrap();
+    let acked_total: u64 = logs.values().map(|log| log.acked).sum();
+    let deletions: usize = logs.values().map(|log| log.requested.len()).sum();
+    eprintln!(
+        "crash loop: {events_stored} events stored, {acked_total} acknowledged, {deletions} \
+         deletions requested"
+    );
     assert!(acked_total > 0, "the children acknowledged writes");
+    assert!(deletions > 0, "the children deleted");
 }
