@@ -48,7 +48,8 @@ impl DurableStore {
             detail,
         };
         std::fs::create_dir_all(path).map_err(|e| storage_error(e.to_string()))?;
-        let existing = storage::check_store_format(path, "ddata", CF_META, STORE_FORMAT_VERSION)?;
+        let existing =
+            storage::check_store_format(path, "ddata", CF_META, &[CF_DATA], STORE_FORMAT_VERSION)?;
         let mut options = Options::default();
         options.create_if_missing(true);
         options.create_missing_column_families(true);

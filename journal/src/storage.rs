@@ -195,14 +195,16 @@ pub const FORMAT_VERSION_KEY: &[u8] = b"format_version";
 /// Checks the format version of an existing store before it is opened for writing, by opening
 /// it read-only: a store written by a newer release is refused without changing a byte.
 /// Returns `None` for a directory without a database (a new store), else the version found.
+/// `meta_cf` holds the marker; `other_cfs` are the store's other column families.
 ///
-/// A database that holds nothing at all is new too, whatever column families it has: a store
-/// is created by opening RocksDB and then recording the format, and a crash between the two
-/// leaves an empty database without the marker, which must still open.
+/// A database without the marker that holds nothing at all and has no column family but the
+/// store's own is new too: a store is created by opening RocksDB and then recording the
+/// format, and a crash between the two leaves such a database, which must still open.
 pub fn check_store_format(
     path: &Path,
     kind: &'static str,
     meta_cf: &str,
+    other_cfs: &[&str],
     supported: u32,
 ) -> Result<Option<u32>, StoreFormatError> {
     let options = rocksdb::Options::default();
@@ -219,24 +221,28 @@ pub fn check_store_format(
         detail,
     };
     let has_meta = column_families.iter().any(|cf| cf == meta_cf);
-    let db = rocksdb::DB::open_cf_for_read_only(&options, path, &column_families, false).map_err(
-        |e| {
-            if has_meta {
-                unreadable(e.to_string())
-            } else {
-                // Another application's database, with options of its own.
-                foreign()
-            }
-        },
-    )?;
+    let only_own = column_families
+        .iter()
+        .all(|cf| cf == "default" || cf == meta_cf || other_cfs.contains(&cf.as_str()));
+    if !has_meta && !only_own {
+        return Err(foreign());
+    }
+    // Without the metadata column family, an error is that of a database that is not ours.
+    let error = |e: rocksdb::Error| {
+        if has_meta {
+            unreadable(e.to_string())
+        } else {
+            foreign()
+        }
+    };
+    let db = rocksdb::DB::open_cf_for_read_only(&options, path, &column_families, false)
+        .map_err(error)?;
     let marker = match db.cf_handle(meta_cf) {
-        Some(cf) => db
-            .get_cf(cf, FORMAT_VERSION_KEY)
-            .map_err(|e| unreadable(e.to_string()))?,
+        Some(cf) => db.get_cf(cf, FORMAT_VERSION_KEY).map_err(error)?,
         None => None,
     };
     let Some(value) = marker else {
-        if holds_nothing(&db, &column_families).map_err(|e| unreadable(e.to_string()))? {
+        if only_own && holds_nothing(&db, &column_families).map_err(error)? {
             return Ok(None);
         }
         return Err(if has_meta {
@@ -301,7 +307,7 @@ mod tests {
         for column_families in [&[][..], &["events"][..], &["events", "meta"][..]] {
             let dir = tempfile::tempdir().unwrap();
             database(dir.path(), column_families, &[]);
-            let found = check_store_format(dir.path(), "journal", "meta", 3);
+            let found = check_store_format(dir.path(), "journal", "meta", &["events"], 3);
             assert!(matches!(found, Ok(None)), "{column_families:?}: {found:?}");
         }
     }
@@ -310,19 +316,22 @@ mod tests {
     fn a_database_holding_keys_but_no_marker_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         database(dir.path(), &["events", "meta"], &[("events", b"k")]);
-        let found = check_store_format(dir.path(), "journal", "meta", 3);
+        let found = check_store_format(dir.path(), "journal", "meta", &["events"], 3);
         assert!(
             matches!(&found, Err(StoreFormatError::Unreadable { detail, .. })
                 if detail.contains("no format version")),
             "{found:?}"
         );
-        let dir = tempfile::tempdir().unwrap();
-        database(dir.path(), &["other"], &[("default", b"k")]);
-        let found = check_store_format(dir.path(), "journal", "meta", 3);
-        assert!(
-            matches!(found, Err(StoreFormatError::Foreign { .. })),
-            "{found:?}"
-        );
+        // Another application's database, with keys or without: never adopted.
+        for entries in [&[("default", &b"k"[..])][..], &[][..]] {
+            let dir = tempfile::tempdir().unwrap();
+            database(dir.path(), &["other"], entries);
+            let found = check_store_format(dir.path(), "journal", "meta", &["events"], 3);
+            assert!(
+                matches!(found, Err(StoreFormatError::Foreign { .. })),
+                "{entries:?}: {found:?}"
+            );
+        }
     }
 
     #[test]
@@ -336,13 +345,13 @@ mod tests {
             db.put_cf(meta, FORMAT_VERSION_KEY, 4u32.to_be_bytes())
                 .unwrap();
         }
-        let found = check_store_format(dir.path(), "journal", "meta", 3);
+        let found = check_store_format(dir.path(), "journal", "meta", &["events"], 3);
         assert!(
             matches!(found, Err(StoreFormatError::Newer { found: 4, .. })),
             "{found:?}"
         );
         assert!(matches!(
-            check_store_format(dir.path(), "journal", "meta", 4),
+            check_store_format(dir.path(), "journal", "meta", &["events"], 4),
             Ok(Some(4))
         ));
     }

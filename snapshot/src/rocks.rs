@@ -243,8 +243,13 @@ impl RocksSnapshotStore {
         std::fs::create_dir_all(&config.path).map_err(|e| {
             SnapshotError::Storage(format!("cannot create {}: {e}", config.path.display()))
         })?;
-        let existing =
-            storage::check_store_format(&config.path, "snapshot", CF_META, STORE_FORMAT_VERSION)?;
+        let existing = storage::check_store_format(
+            &config.path,
+            "snapshot",
+            CF_META,
+            &[CF_SNAPSHOTS],
+            STORE_FORMAT_VERSION,
+        )?;
         let mut options = Options::default();
         options.create_if_missing(true);
         options.create_missing_column_families(true);

@@ -121,8 +121,13 @@ impl RocksJournal {
         std::fs::create_dir_all(&config.path).map_err(|e| {
             JournalError::Storage(format!("cannot create {}: {e}", config.path.display()))
         })?;
-        let existing =
-            storage::check_store_format(&config.path, "journal", CF_META, STORE_FORMAT_VERSION)?;
+        let existing = storage::check_store_format(
+            &config.path,
+            "journal",
+            CF_META,
+            &[CF_EVENTS, CF_TAG_INDEX],
+            STORE_FORMAT_VERSION,
+        )?;
         let (options, cfs) = rocksdb_options(&config);
         let db = DB::open_cf_descriptors(&options, &config.path, cfs)?;
         let shared = Arc::new(Shared { db, config });
