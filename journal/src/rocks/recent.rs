@@ -5,11 +5,12 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
-/// Values by key, at most `capacity` of them, keeping those used recently. Two generations
-/// rather than a least-recently-used list: a key used since the last turnover is kept, and
-/// when the current generation is full the previous one is forgotten at once, so a working
-/// set larger than the bound costs a lookup per forgotten key instead of emptying
-/// everything, and there is no per-entry bookkeeping.
+/// Values by key, keeping those used recently: every key among the last `generation_len`
+/// distinct keys used is kept, and at most twice that many are held. Two generations rather
+/// than a least-recently-used list: a key used since the last turnover is kept, and when the
+/// current generation is full the previous one is forgotten at once, so a working set larger
+/// than the bound costs a lookup per forgotten key instead of emptying everything, and there
+/// is no per-entry bookkeeping.
 pub(crate) struct Recent<K, V> {
     current: HashMap<K, V>,
     /// The generation before; a key is looked for here only if `current` lacks it, so a
@@ -20,11 +21,13 @@ pub(crate) struct Recent<K, V> {
 }
 
 impl<K: Hash + Eq, V: Clone> Recent<K, V> {
-    pub fn new(capacity: usize) -> Self {
+    /// A map that keeps any `generation_len` keys used in a row (and holds at most twice as
+    /// many).
+    pub fn new(generation_len: usize) -> Self {
         Recent {
             current: HashMap::new(),
             previous: HashMap::new(),
-            generation_len: (capacity / 2).max(1),
+            generation_len: generation_len.max(1),
         }
     }
 
@@ -60,7 +63,7 @@ mod tests {
 
     #[test]
     fn recent_values_keep_what_was_used_since_the_last_turnover_within_the_bound() {
-        let mut names = Recent::new(4);
+        let mut names = Recent::new(2);
         names.insert("a".to_string(), 1);
         names.insert("b".to_string(), 2);
         // The generation is full: "c" starts the next one, "a" and "b" become the previous.
@@ -82,7 +85,7 @@ mod tests {
 
     #[test]
     fn a_replaced_value_is_the_one_read_whichever_generation_held_the_old_one() {
-        let mut names = Recent::new(4);
+        let mut names = Recent::new(2);
         names.insert("a".to_string(), 1);
         names.insert("b".to_string(), 2);
         names.insert("c".to_string(), 3);
@@ -91,5 +94,21 @@ mod tests {
         assert_eq!(names.get("a"), Some(10));
         names.insert("d".to_string(), 4);
         assert_eq!(names.get("a"), Some(10));
+    }
+
+    #[test]
+    fn a_working_set_as_large_as_a_generation_is_looked_up_only_once() {
+        let mut names = Recent::new(3);
+        let mut misses = 0;
+        for _ in 0..10 {
+            for key in 0..3u64 {
+                if names.get(&key).is_none() {
+                    misses += 1;
+                }
+                // As the writer does: what it read or changed goes back in.
+                names.insert(key, key);
+            }
+        }
+        assert_eq!(misses, 3);
     }
 }

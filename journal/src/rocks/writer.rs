@@ -30,9 +30,9 @@ use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 use std::time::Instant;
 use tokio::sync::{oneshot, watch};
 
-/// Logs and tags whose numbers and state the writer keeps in memory at most, each: memory
-/// stays bounded whatever the number of persistence ids, and what was forgotten is read from
-/// RocksDB again on demand (see [`Recent`]).
+/// Logs and tags whose numbers and state the writer is sure to keep in memory, each, if used
+/// in a row (it holds at most twice as many, see [`Recent`]): memory stays bounded whatever
+/// the number of persistence ids, and what was forgotten is read from RocksDB again.
 const MAX_CACHED_NAMES: usize = 100_000;
 
 /// A chunk of physical deletion runs at least once per this many groups, so that a busy
