@@ -28,7 +28,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// Names a tag query remembers at most (pid number → persistence id), the most recently used.
+/// Names (pid number → persistence id) a tag query is sure to remember if used in a row; it
+/// holds at most twice as many (see [`Recent`]).
 const MAX_REMEMBERED_NAMES: usize = 10_000;
 
 /// A log as its metadata describes it.
@@ -185,7 +186,7 @@ pub(crate) trait Cursor: Send + 'static {
         limit: usize,
     ) -> Result<Chunk<Self::Raw>, JournalError>;
     /// Takes the next item out of a chunk, `None` once it is used up. An error ends the
-    /// stream.
+    /// stream, which then drops the chunk without asking it for more.
     fn next_item(
         decoder: &mut Self::Decoder,
         raw: &mut Self::Raw,
@@ -269,13 +270,6 @@ impl RawEvents {
         self.checked_to = first + passed;
         self.check_failure = failure;
     }
-
-    /// Nothing more is handed out (after an error).
-    fn stop(&mut self) {
-        self.next = self.records.len();
-        self.checked_to = self.next;
-        self.check_failure = None;
-    }
 }
 
 /// Verifies and decodes [`RawEvents`].
@@ -343,9 +337,8 @@ impl Cursor for EventCursor {
                 raw.check_group(&decoder.persistence_id);
             }
             if raw.next == raw.checked_to {
-                let failure = raw.check_failure.take()?;
-                raw.stop();
-                return Some(Err(failure));
+                // The stream ends with this error (see `ChunkedStream`).
+                return raw.check_failure.take().map(Err);
             }
         }
         let index = raw.next;
@@ -363,13 +356,7 @@ impl Cursor for EventCursor {
                 .decoder
                 .decode_checked(persistence_id, sequence_nr, value)
         };
-        Some(match decoded {
-            Ok(decoded) => Ok(decoded.repr),
-            Err(e) => {
-                raw.stop();
-                Err(e)
-            }
-        })
+        Some(decoded.map(|decoded| decoded.repr))
     }
 
     fn read_chunk(
@@ -789,10 +776,13 @@ struct ChunkedStream<C: Cursor> {
 }
 
 impl<C: Cursor> ChunkedStream<C> {
+    /// Hands out `e` as the last item: what is left of the chunk, its read error and the read
+    /// ahead (with the reader's other resources) are dropped at once.
     fn end_with(&mut self, e: JournalError) -> Option<Result<C::Item, JournalError>> {
         self.ended = true;
         self.chunk = None;
         self.error = None;
+        self.chunks = futures::stream::empty().boxed().fuse();
         Some(Err(e))
     }
 }
