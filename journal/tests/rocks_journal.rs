@@ -65,6 +65,7 @@ async fn appended_events_replay_in_order_with_their_metadata() {
     assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 20);
     assert_eq!(journal.highest_sequence_nr("b").await.unwrap(), 1);
     assert_eq!(journal.highest_sequence_nr("nobody").await.unwrap(), 0);
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -94,6 +95,7 @@ async fn replay_honours_range_and_maximum() {
             .unwrap()
             .is_empty()
     );
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -109,6 +111,7 @@ async fn a_finished_replay_stays_finished_when_polled_again() {
         assert!(replay.next().await.is_none(), "{persistence_id}");
         assert!(replay.next().await.is_none(), "{persistence_id}");
     }
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -193,12 +196,13 @@ async fn wrong_sequence_numbers_are_refused_and_change_nothing() {
     assert_eq!(ids, vec!["a"]);
     // The log continues where it was.
     journal.append(write("a", 4, 4)).await.unwrap();
+    journal.close().await;
 }
 
 #[tokio::test]
 async fn concurrent_writes_to_one_log_commit_exactly_one_per_sequence_number() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = std::sync::Arc::new(open(dir.path()).await);
+    let journal = open(dir.path()).await;
     // 50 writers race for sequence number 1..: exactly one wins each round.
     let mut wins = 0;
     for seq in 1..=20u64 {
@@ -212,6 +216,7 @@ async fn concurrent_writes_to_one_log_commit_exactly_one_per_sequence_number() {
     }
     assert_eq!(wins, 20);
     assert_eq!(journal.highest_sequence_nr("race").await.unwrap(), 20);
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -248,6 +253,7 @@ async fn delete_to_hides_events_and_keeps_the_highest_sequence_number() {
     let journal = open(dir.path()).await;
     assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 42);
     assert_eq!(replayed_seqs(&journal, "a").await, vec![41, 42]);
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -284,6 +290,7 @@ async fn delete_to_removes_events_and_tag_entries_from_disk() {
         .unwrap();
     let green: Vec<u64> = green.iter().map(|e| e.event.sequence_nr).collect();
     assert_eq!(green, (21..=30).collect::<Vec<_>>());
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -329,6 +336,7 @@ async fn events_by_tag_are_in_commit_order_and_resume_after_an_offset() {
             .unwrap()
             .is_empty()
     );
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -344,6 +352,7 @@ async fn persistence_ids_list_every_log_in_first_write_order() {
         .await
         .unwrap();
     assert_eq!(ids, names);
+    journal.close().await;
 }
 
 async fn next<T>(stream: &mut tessera_journal::JournalStream<T>) -> T {
@@ -424,6 +433,7 @@ async fn events_survive_reopening() {
         .await
         .unwrap();
     assert_eq!(ids, vec!["a", "b", "c"]);
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -453,6 +463,7 @@ async fn a_full_write_queue_refuses_writes_without_writing_them() {
         full > 0,
         "500 writes into a queue of one: some must be refused"
     );
+    journal.close().await;
 }
 
 /// Replays `persistence_id` from `from` up to the error it must end with: the sequence
@@ -711,6 +722,7 @@ async fn bytes_altered_in_a_table_file_are_reported_as_corruption() {
         matches!(&error, JournalError::Corrupt { persistence_id, .. } if persistence_id == "bob"),
         "{error:?}"
     );
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -746,6 +758,7 @@ async fn a_record_of_a_newer_format_is_refused_by_name() {
         ),
         "{error:?}"
     );
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -1050,4 +1063,5 @@ async fn an_event_with_too_many_tags_is_refused() {
         "{error:?}"
     );
     assert_eq!(journal.highest_sequence_nr("a").await.unwrap(), 0);
+    journal.close().await;
 }
