@@ -4,7 +4,7 @@
 //! acknowledged event is there unless deleted, that every acknowledged deletion holds (also
 //! for events by tag), that each log is contiguous and that no batch is partially visible. 100
 //! iterations by default; `TESSERA_CRASH_ITERATIONS=1000` for more, `TESSERA_CRASH_SEED` to
-//! repeat a run.
+//! repeat a run. A second test kills children while they create their store.
 
 mod common;
 
@@ -283,4 +283,43 @@ fn journal_survives_being_killed_at_random_moments() {
     );
     assert!(acked_total > 0, "the children acknowledged writes");
     assert!(events_deleted > 0, "deletions took effect");
+}
+
+/// Kills children while they create their store, each in a fresh directory: whatever a kill
+/// leaves, the store opens and reads.
+#[test]
+fn a_store_opens_after_a_crash_during_its_creation() {
+    let iterations: usize = std::env::var("TESSERA_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(30, |n| n.div_ceil(3));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(rand::random());
+    for iteration in 0..iterations {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(&exe)
+            .args(["crash_child", "--exact", "--ignored", "--test-threads=1"])
+            .env(CHILD_DIR_ENV, dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // From the start of the process to its first writes: the store is created in between.
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..60)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        runtime.block_on(async {
+            let journal = RocksJournal::open(journal_config(dir.path()))
+                .await
+                .unwrap_or_else(|e| panic!("iteration {iteration}: the store must open: {e}"));
+            for writer in 0..WRITERS {
+                let pid = format!("crash-{writer}");
+                common::collect(journal.replay(&pid, 1, u64::MAX, u64::MAX))
+                    .await
+                    .unwrap_or_else(|e| panic!("iteration {iteration}: {pid}: {e}"));
+            }
+            journal.close().await;
+        });
+    }
 }
