@@ -230,75 +230,84 @@ impl<'b> BodyReader<'b> {
     }
 }
 
-/// The fields of a record body in front of the payload, borrowed from the body.
-struct BodyFields<'b> {
+/// The fields of a record body in front of its tags, borrowed from the body.
+struct Header<'b> {
     offset: u64,
     timestamp_ms: u64,
     manifest_version: u32,
     writer_id: &'b [u8],
     manifest: &'b [u8],
+    tag_count: usize,
+}
+
+/// The fields of a record body, borrowed from the body.
+struct BodyFields<'b> {
+    header: Header<'b>,
     tags: Vec<&'b [u8]>,
     payload: &'b [u8],
+}
+
+/// The header of record format 1: fixed widths, little-endian.
+#[inline(always)]
+fn fixed_header<'b>(reader: &mut BodyReader<'b>) -> Result<Header<'b>, &'static str> {
+    let (Some(offset), Some(timestamp_ms), Some(manifest_version)) =
+        (reader.u64(), reader.u64(), reader.u32())
+    else {
+        return Err("truncated header");
+    };
+    // Struct fields are evaluated in the order written: the order of the format.
+    Ok(Header {
+        offset,
+        timestamp_ms,
+        manifest_version,
+        writer_id: reader.fixed_name().ok_or("truncated writer id")?,
+        manifest: reader.fixed_name().ok_or("truncated manifest")?,
+        tag_count: usize::from(reader.u16().ok_or("truncated tags")?),
+    })
+}
+
+/// The header of record format 2: varints, the tag count first and an offset only if tagged.
+#[inline(always)]
+fn varint_header<'b>(reader: &mut BodyReader<'b>) -> Result<Header<'b>, &'static str> {
+    let body_len = reader.rest.len();
+    let tag_count = reader.varint().ok_or("truncated tag count")?;
+    // Each tag takes at least its length byte, so a count beyond the body is corrupt; this
+    // also bounds the allocation of the tags.
+    let tag_count = usize::try_from(tag_count)
+        .ok()
+        .filter(|&n| n <= body_len)
+        .ok_or("tag count larger than the record")?;
+    let offset = if tag_count > 0 {
+        reader.varint().ok_or("truncated offset")?
+    } else {
+        0
+    };
+    // Struct fields are evaluated in the order written: the order of the format.
+    Ok(Header {
+        offset,
+        timestamp_ms: reader.varint().ok_or("truncated timestamp")?,
+        manifest_version: reader
+            .varint()
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or("truncated or oversized manifest version")?,
+        writer_id: reader.name().ok_or("truncated writer id")?,
+        manifest: reader.name().ok_or("truncated manifest")?,
+        tag_count,
+    })
 }
 
 /// Splits a body of record format `version` into its fields; the error says what is missing.
 #[inline(always)]
 fn parse_body(version: u8, body: &[u8]) -> Result<BodyFields<'_>, &'static str> {
     let mut reader = BodyReader { rest: body };
-    let (offset, timestamp_ms, manifest_version, writer_id, manifest, tag_count) = match version {
-        RECORD_FORMAT_FIXED => {
-            let (Some(offset), Some(timestamp_ms), Some(manifest_version)) =
-                (reader.u64(), reader.u64(), reader.u32())
-            else {
-                return Err("truncated header");
-            };
-            let writer_id = reader.fixed_name().ok_or("truncated writer id")?;
-            let manifest = reader.fixed_name().ok_or("truncated manifest")?;
-            let tag_count = reader.u16().ok_or("truncated tags")?;
-            let tag_count = usize::from(tag_count);
-            (
-                offset,
-                timestamp_ms,
-                manifest_version,
-                writer_id,
-                manifest,
-                tag_count,
-            )
-        }
-        RECORD_FORMAT_VERSION => {
-            let tag_count = reader.varint().ok_or("truncated tag count")?;
-            // Each tag takes at least its length byte, so a count beyond the body is corrupt;
-            // this also bounds the allocation below.
-            let tag_count = usize::try_from(tag_count)
-                .ok()
-                .filter(|&n| n <= body.len())
-                .ok_or("tag count larger than the record")?;
-            let offset = if tag_count > 0 {
-                reader.varint().ok_or("truncated offset")?
-            } else {
-                0
-            };
-            let timestamp_ms = reader.varint().ok_or("truncated timestamp")?;
-            let manifest_version = reader
-                .varint()
-                .and_then(|v| u32::try_from(v).ok())
-                .ok_or("truncated or oversized manifest version")?;
-            let writer_id = reader.name().ok_or("truncated writer id")?;
-            let manifest = reader.name().ok_or("truncated manifest")?;
-            (
-                offset,
-                timestamp_ms,
-                manifest_version,
-                writer_id,
-                manifest,
-                tag_count,
-            )
-        }
+    let header = match version {
+        RECORD_FORMAT_FIXED => fixed_header(&mut reader)?,
+        RECORD_FORMAT_VERSION => varint_header(&mut reader)?,
         _ => return Err("unknown record format version"),
     };
     // Both formats end with the tags, each a name of its format.
-    let mut tags = Vec::with_capacity(tag_count);
-    for _ in 0..tag_count {
+    let mut tags = Vec::with_capacity(header.tag_count);
+    for _ in 0..header.tag_count {
         let tag = if version == RECORD_FORMAT_FIXED {
             reader.fixed_name()
         } else {
@@ -307,11 +316,7 @@ fn parse_body(version: u8, body: &[u8]) -> Result<BodyFields<'_>, &'static str> 
         tags.push(tag.ok_or("truncated tag")?);
     }
     Ok(BodyFields {
-        offset,
-        timestamp_ms,
-        manifest_version,
-        writer_id,
-        manifest,
+        header,
         tags,
         payload: reader.rest,
     })
@@ -430,9 +435,9 @@ impl EventDecoder {
             detail: format!("undecodable body of record format {version}: {detail}"),
         };
         let fields = parse_body(version, body).map_err(corrupt)?;
-        let writer_id = intern(&mut self.writer_id, fields.writer_id)
+        let writer_id = intern(&mut self.writer_id, fields.header.writer_id)
             .ok_or_else(|| corrupt("writer id is not UTF-8"))?;
-        let manifest = intern(&mut self.manifest_type, fields.manifest)
+        let manifest = intern(&mut self.manifest_type, fields.header.manifest)
             .ok_or_else(|| corrupt("manifest is not UTF-8"))?;
         let mut tags = Vec::with_capacity(fields.tags.len());
         for tag in fields.tags {
@@ -441,15 +446,15 @@ impl EventDecoder {
         }
         let payload = payload(self, fields.payload);
         Ok(DecodedEvent {
-            offset: fields.offset,
+            offset: fields.header.offset,
             repr: PersistentRepr {
                 persistence_id: persistence_id.clone(),
                 sequence_nr,
                 writer_id,
-                timestamp_ms: fields.timestamp_ms,
+                timestamp_ms: fields.header.timestamp_ms,
                 manifest: Manifest {
                     type_name: manifest,
-                    version: fields.manifest_version,
+                    version: fields.header.manifest_version,
                 },
                 payload,
                 tags,
