@@ -360,14 +360,8 @@ impl EventDecoder {
         key: &[u8],
         value: &[u8],
     ) -> Result<DecodedEvent, JournalError> {
-        let (version, body) = verify_event(persistence_id, sequence_nr, key, value)?;
-        self.decode_verified(
-            persistence_id,
-            sequence_nr,
-            version,
-            body,
-            Self::copy_payload,
-        )
+        verify_event(persistence_id, sequence_nr, key, value)?;
+        self.decode_checked(persistence_id, sequence_nr, value)
     }
 
     /// Decodes a sealed value whose checksum was already verified, copying its payload.
@@ -463,15 +457,15 @@ impl EventDecoder {
     }
 }
 
-/// Checks the format version and checksum of the sealed value stored under `key` and returns
-/// its format version and body.
-pub(crate) fn verify_event<'v>(
+/// Checks the format version and checksum of the sealed value stored under `key`.
+pub(crate) fn verify_event(
     persistence_id: &str,
     sequence_nr: u64,
     key: &[u8],
-    value: &'v [u8],
-) -> Result<(u8, &'v [u8]), JournalError> {
+    value: &[u8],
+) -> Result<(), JournalError> {
     storage::unseal(RECORD_FORMAT_VERSION, key, value)
+        .map(|_| ())
         .map_err(|e| unseal_error(persistence_id, sequence_nr, e))
 }
 
