@@ -756,7 +756,6 @@ pub(crate) fn stream<C: Cursor>(
         decoder,
         chunk: None,
         error: None,
-        ended: false,
     }
     .boxed()
 }
@@ -771,15 +770,13 @@ struct ChunkedStream<C: Cursor> {
     chunk: Option<C::Raw>,
     /// The error the current chunk ends with, after its items.
     error: Option<JournalError>,
-    /// An error was handed out: nothing follows it.
-    ended: bool,
 }
 
 impl<C: Cursor> ChunkedStream<C> {
     /// Hands out `e` as the last item: what is left of the chunk, its read error and the read
-    /// ahead (with the reader's other resources) are dropped at once.
+    /// ahead (with the reader's other resources) are dropped at once, and the chunks that
+    /// would follow are replaced by none.
     fn end_with(&mut self, e: JournalError) -> Option<Result<C::Item, JournalError>> {
-        self.ended = true;
         self.chunk = None;
         self.error = None;
         self.chunks = futures::stream::empty().boxed().fuse();
@@ -813,19 +810,13 @@ impl<C: Cursor> Stream for ChunkedStream<C> {
             if let Some(e) = this.error.take() {
                 return Poll::Ready(this.end_with(e));
             }
-            if this.ended {
-                return Poll::Ready(None);
-            }
             match this.chunks.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok((chunk, error)))) => {
                     this.chunk = Some(chunk);
                     this.error = error;
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(this.end_with(e)),
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    return Poll::Ready(None);
-                }
+                Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }
         }
