@@ -203,38 +203,58 @@ fn verify(dir: &Path, logs: &HashMap<String, Log>, runtime: &tokio::runtime::Run
     })
 }
 
-#[test]
-fn journal_survives_being_killed_at_random_moments() {
-    let iterations: usize = std::env::var("TESSERA_CRASH_ITERATIONS")
+/// The iterations asked for with `TESSERA_CRASH_ITERATIONS`, if any.
+fn iterations_asked() -> Option<usize> {
+    std::env::var("TESSERA_CRASH_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+}
+
+/// The random source of a run of `test` with `iterations`: seeded with `TESSERA_CRASH_SEED`,
+/// or with a new seed, printed so that the run can be repeated.
+fn run_rng(test: &str, iterations: usize) -> rand::rngs::SmallRng {
     let seed: u64 = std::env::var("TESSERA_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(rand::random);
-    eprintln!("crash loop: {iterations} iterations, TESSERA_CRASH_SEED={seed}");
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    eprintln!("{test}: {iterations} iterations, TESSERA_CRASH_SEED={seed}");
+    rand::rngs::SmallRng::seed_from_u64(seed)
+}
+
+/// Starts [`crash_child`] in a process of its own, writing to the store in `dir`.
+fn spawn_child(dir: &Path, stdout: Stdio) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "crash_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR_ENV, dir)
+        .stdout(stdout)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// SIGKILLs a child (no destructor, no flush, no chance to finish a write) and reaps it.
+fn kill(child: &mut std::process::Child) -> std::process::ExitStatus {
+    child.kill().unwrap();
+    child.wait().unwrap()
+}
+
+#[test]
+fn journal_survives_being_killed_at_random_moments() {
+    let iterations = iterations_asked().unwrap_or(100);
+    let mut rng = run_rng("crash loop", iterations);
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let logs: Arc<Mutex<HashMap<String, Log>>> = Arc::default();
     let mut events_stored = 0;
     let mut events_deleted = 0;
     for iteration in 0..iterations {
-        let mut child = Command::new(&exe)
-            .args([
-                "crash_child",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_DIR_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_child(dir.path(), Stdio::piped());
         let stdout = child.stdout.take().unwrap();
         let logs_of_reader = logs.clone();
         let reader = std::thread::spawn(move || {
@@ -261,9 +281,7 @@ fn journal_survives_being_killed_at_random_moments() {
             }
         });
         std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
-        // SIGKILL: no destructor, no flush, no chance to finish a write.
-        child.kill().unwrap();
-        let status = child.wait().unwrap();
+        let status = kill(&mut child);
         assert!(
             !status.success(),
             "iteration {iteration}: the child was killed, not finished"
@@ -289,26 +307,15 @@ fn journal_survives_being_killed_at_random_moments() {
 /// leaves, the store opens and reads.
 #[test]
 fn a_store_opens_after_a_crash_during_its_creation() {
-    let iterations: usize = std::env::var("TESSERA_CRASH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(30, |n| n.div_ceil(3));
+    let iterations = iterations_asked().map_or(30, |n| n.div_ceil(3));
+    let mut rng = run_rng("crashes during creation", iterations);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(rand::random());
     for iteration in 0..iterations {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(&exe)
-            .args(["crash_child", "--exact", "--ignored", "--test-threads=1"])
-            .env(CHILD_DIR_ENV, dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_child(dir.path(), Stdio::null());
         // From the start of the process to its first writes: the store is created in between.
         std::thread::sleep(Duration::from_millis(rng.random_range(0..60)));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill(&mut child);
         runtime.block_on(async {
             let journal = RocksJournal::open(journal_config(dir.path()))
                 .await
