@@ -22,7 +22,7 @@ use crate::entity::EntityType;
 use crate::entity_ref::EntityRef;
 use crate::error::{AskError, EntityError};
 use crate::id::{EntityId, validate_type_name};
-use crate::runner::{Envelope, HostContext, run_entity};
+use crate::runner::{Envelope, HostContext, Mailbox, run_entity};
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -331,12 +331,18 @@ impl<E: EntityType> Shard<E> {
         let context = self.context.clone();
         let stopped = self.stopped_tx.clone();
         tokio::spawn(async move {
-            let run = run_entity(context, id.clone(), writer_id, receiver, initial);
+            let mut mailbox = Mailbox::new(receiver);
+            let run = run_entity(context, id.clone(), writer_id, &mut mailbox, initial);
             let leftovers = match AssertUnwindSafe(run).catch_unwind().await {
                 Ok(leftovers) => leftovers,
                 Err(_) => {
                     tracing::error!(entity = %id.persistence_id(E::TYPE_NAME), "an entity handler panicked; the entity stopped");
-                    Vec::new()
+                    // The commands queued behind the one that panicked go to the next
+                    // incarnation, as after any other stop. A caller that saw `Stopped` and
+                    // asked again may have queued its command here before the unwinding
+                    // ended.
+                    mailbox.close();
+                    mailbox.drain()
                 }
             };
             let _ = stopped

@@ -62,20 +62,31 @@ fn now_ms() -> u64 {
 }
 
 /// The mailbox and whether its senders are still there.
-struct Mailbox<E: EntityType> {
+///
+/// Owned by the incarnation's task outside [`run_entity`], so that a handler's panic, which
+/// unwinds `run_entity`, does not drop the commands queued behind the panicking one: the task
+/// closes and drains the mailbox and hands them to the next incarnation.
+pub(crate) struct Mailbox<E: EntityType> {
     receiver: mpsc::Receiver<Envelope<E>>,
     /// False once every sender is gone (the host is shutting down) or we closed it.
     open: bool,
 }
 
 impl<E: EntityType> Mailbox<E> {
+    pub(crate) fn new(receiver: mpsc::Receiver<Envelope<E>>) -> Self {
+        Mailbox {
+            receiver,
+            open: true,
+        }
+    }
+
     /// Stops taking commands; the ones already queued stay for [`Mailbox::drain`].
-    fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         self.receiver.close();
         self.open = false;
     }
 
-    fn drain(&mut self) -> Vec<Envelope<E>> {
+    pub(crate) fn drain(&mut self) -> Vec<Envelope<E>> {
         let mut left = Vec::new();
         while let Ok(envelope) = self.receiver.try_recv() {
             left.push(envelope);
@@ -90,7 +101,7 @@ pub(crate) async fn run_entity<E: EntityType>(
     context: Arc<HostContext<E>>,
     id: EntityId,
     writer_id: String,
-    receiver: mpsc::Receiver<Envelope<E>>,
+    mailbox: &mut Mailbox<E>,
     initial: Vec<Envelope<E>>,
 ) -> Vec<Envelope<E>> {
     let mut machine = Machine::<E>::new(
@@ -100,17 +111,13 @@ pub(crate) async fn run_entity<E: EntityType>(
         writer_id,
         context.machine_settings(),
     );
-    let mut mailbox = Mailbox {
-        receiver,
-        open: true,
-    };
     let mut out = Vec::new();
     for envelope in initial {
         machine.command(envelope.command, envelope.reply, now_ms(), &mut out);
     }
     send_replies(&mut out);
 
-    recover(&context, &mut machine, &mut mailbox, &mut out).await;
+    recover(&context, &mut machine, mailbox, &mut out).await;
     let mut driver = Driver {
         context: &context,
         persist: None,
@@ -118,7 +125,7 @@ pub(crate) async fn run_entity<E: EntityType>(
     };
     driver.perform(&mut out);
     // Also after a failed recovery: `serve` returns at once for a stopped machine.
-    driver.serve(&mut machine, &mut mailbox, &mut out).await;
+    driver.serve(&mut machine, mailbox, &mut out).await;
 
     // Stopped, passivated or shut down: nothing is in flight any more.
     mailbox.close();

@@ -361,7 +361,7 @@ fn expected_reply(state: &mut TallyState, command: &TallyCommand) -> Result<u64,
         TallyCommand::Sub(n) if *n > state.total => return Err(()),
         TallyCommand::Sub(n) => vec![TallyEvent::Subtracted(*n)],
         TallyCommand::Get | TallyCommand::Stop => vec![],
-        TallyCommand::Panic => unreachable!("not generated"),
+        TallyCommand::Panic { .. } => unreachable!("not generated"),
     };
     for event in &events {
         Tally.apply_event(state, event);

@@ -427,12 +427,46 @@ async fn a_panicking_handler_stops_only_its_entity() {
     let fixture = Fixture::new();
     let host = fixture.host(config());
     host.ask("a", TallyCommand::Add(2)).await.unwrap();
-    let reply = host.ask("a", TallyCommand::Panic).await;
+    let reply = host.ask("a", TallyCommand::Panic { blocking_ms: 0 }).await;
     assert!(
         matches!(reply, Err(AskError::Entity(EntityError::Stopped { .. }))),
         "{reply:?}"
     );
     assert_eq!(host.ask("a", TallyCommand::Get).await, Ok(2));
+    assert_eq!(host.ask("b", TallyCommand::Add(1)).await, Ok(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_queued_behind_a_panicking_handler_reach_the_next_incarnation() {
+    let fixture = Fixture::new();
+    let host = fixture.host(config());
+    let entity = host.entity_ref("a").unwrap();
+    assert_eq!(entity.ask(TallyCommand::Add(2)).await, Ok(2));
+    let panicking = tokio::spawn({
+        let entity = entity.clone();
+        async move { entity.ask(TallyCommand::Panic { blocking_ms: 300 }).await }
+    });
+    // While the handler blocks, these wait in its incarnation's mailbox.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let queued: Vec<_> = (0..3)
+        .map(|_| {
+            let entity = entity.clone();
+            tokio::spawn(async move { entity.ask(TallyCommand::Add(1)).await })
+        })
+        .collect();
+    let reply = panicking.await.unwrap();
+    assert!(
+        matches!(reply, Err(AskError::Entity(EntityError::Stopped { .. }))),
+        "{reply:?}"
+    );
+    let mut totals = Vec::new();
+    for ask in queued {
+        totals.push(ask.await.unwrap().unwrap());
+    }
+    totals.sort_unstable();
+    assert_eq!(totals, vec![3, 4, 5]);
+    assert_eq!(entity.ask(TallyCommand::Get).await, Ok(5));
+    assert_eq!(host.stats().incarnations_started, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

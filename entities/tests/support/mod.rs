@@ -432,8 +432,9 @@ pub enum TallyCommand {
     Stop,
     /// Persists `Added(n)`, replies and stops.
     AddAndStop(u64),
-    /// Panics in the handler.
-    Panic,
+    /// Panics in the handler, after blocking its thread for `blocking_ms` (so that commands
+    /// sent meanwhile queue behind it).
+    Panic { blocking_ms: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -496,7 +497,10 @@ impl EntityType for Tally {
             TallyCommand::AddAndStop(n) => {
                 Effect::persist(TallyEvent::Added(n)).then_reply_and_stop(|s: &TallyState| s.total)
             }
-            TallyCommand::Panic => panic!("tally handler asked to panic"),
+            TallyCommand::Panic { blocking_ms } => {
+                std::thread::sleep(std::time::Duration::from_millis(blocking_ms));
+                panic!("tally handler asked to panic")
+            }
         }
     }
 
