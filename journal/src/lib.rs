@@ -23,3 +23,5 @@ pub use record::{
     AtomicWrite, EventEnvelope, Manifest, NewEvent, PersistentRepr, RECORD_FORMAT_VERSION,
 };
 pub use rocks::{RocksJournal, STORE_FORMAT_VERSION, event_key, rocksdb_options};
+/// The string type of the names in [`PersistentRepr`] and [`Manifest`].
+pub use smol_str::SmolStr;

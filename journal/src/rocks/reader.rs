@@ -24,6 +24,7 @@ use crate::storage::{self, CHECK_GROUP};
 use bytes::Bytes;
 use futures::stream::{BoxStream, Fuse};
 use futures::{Stream, StreamExt};
+use smol_str::SmolStr;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -106,14 +107,14 @@ pub(crate) fn tag_num(shared: &Shared, tag: &str) -> Result<Option<u64>, Journal
 }
 
 /// The persistence id of log number `pid_num`.
-pub(crate) fn pid_name(shared: &Shared, pid_num: u64) -> Result<Arc<str>, JournalError> {
+pub(crate) fn pid_name(shared: &Shared, pid_num: u64) -> Result<SmolStr, JournalError> {
     let value = shared
         .db
         .get_pinned_cf(shared.cf(CF_META)?, keys::pid_name_key(pid_num))?
         .ok_or_else(|| {
             JournalError::CorruptMetadata(format!("no persistence id for log number {pid_num}"))
         })?;
-    std::str::from_utf8(&value).map(Arc::from).map_err(|_| {
+    std::str::from_utf8(&value).map(SmolStr::new).map_err(|_| {
         JournalError::CorruptMetadata(format!("persistence id of log {pid_num} is not UTF-8"))
     })
 }
@@ -274,13 +275,13 @@ impl RawEvents {
 
 /// Verifies and decodes [`RawEvents`].
 pub(crate) struct LogDecoder {
-    persistence_id: Arc<str>,
+    persistence_id: SmolStr,
     decoder: EventDecoder,
 }
 
 /// Events of one log, for replays and `events_by_persistence_id`.
 pub(crate) struct EventCursor {
-    persistence_id: Arc<str>,
+    persistence_id: SmolStr,
     next_sequence_nr: u64,
     to_sequence_nr: u64,
     remaining: u64,
@@ -295,7 +296,7 @@ pub(crate) struct EventCursor {
 impl EventCursor {
     pub fn new(persistence_id: &str, from: u64, to: u64, max: u64, mode: QueryMode) -> Self {
         EventCursor {
-            persistence_id: Arc::from(persistence_id),
+            persistence_id: SmolStr::new(persistence_id),
             next_sequence_nr: from.max(1),
             to_sequence_nr: to,
             remaining: max,
@@ -456,7 +457,7 @@ pub(crate) struct TagCursor {
     tag: String,
     tag_num: Option<u64>,
     after_offset: u64,
-    names: Recent<u64, Arc<str>>,
+    names: Recent<u64, SmolStr>,
     decoder: EventDecoder,
 }
 

@@ -555,7 +555,7 @@ impl Writer {
         let mut count = 0;
         // Only the offset and tags are needed; the name is not.
         let mut decoder = record::EventDecoder::new();
-        let unnamed: Arc<str> = Arc::from("");
+        let unnamed = smol_str::SmolStr::default();
         while count < limit {
             let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
                 break;
