@@ -160,7 +160,7 @@ impl Inner {
         let mut iter = self.db.raw_iterator_cf_opt(self.snapshots()?, options);
         iter.seek_for_prev(snapshot_key(persistence_id, criteria.max_sequence_nr));
         let prefix = log_prefix(persistence_id);
-        while let (Some(key), Some(value)) = (iter.key(), iter.value()) {
+        while let Some((key, value)) = iter.item() {
             if !key.starts_with(&prefix) || key.len() != prefix.len() + 8 {
                 break;
             }

@@ -418,7 +418,7 @@ fn raw_replay(
         options.set_iterate_upper_bound(event_key(pid_num + 1, 0));
         let mut iter = db.raw_iterator_cf_opt(cf, options);
         iter.seek(event_key(pid_num, 1));
-        while let (Some(key), Some(value)) = (iter.key(), iter.value()) {
+        while let Some((key, value)) = iter.item() {
             bytes += key.len() + value.len();
             events += 1;
             iter.next();

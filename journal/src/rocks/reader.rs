@@ -506,7 +506,7 @@ impl Cursor for TagCursor {
                 .raw_iterator_cf_opt(shared.cf(CF_TAG_INDEX)?, options);
             iter.seek(pair_key(tag_num, self.after_offset.saturating_add(1)));
             while entries.len() < limit {
-                let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
+                let Some((key, value)) = iter.item() else {
                     break;
                 };
                 let (Some((_, offset)), Some((pid_num, sequence_nr))) =
@@ -609,7 +609,7 @@ impl Cursor for PersistenceIdCursor {
         iter.seek(keys::pid_name_key(self.after_pid_num.saturating_add(1)));
         let mut items = Vec::new();
         while items.len() < limit {
-            let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
+            let Some((key, value)) = iter.item() else {
                 break;
             };
             let pid_num = keys::parse_pid_name_key(key).ok_or_else(|| {

@@ -154,7 +154,7 @@ fn load_deletions(shared: &Shared) -> Result<BTreeMap<u64, PendingDeletion>, Jou
     let mut iter = shared.db.raw_iterator_cf_opt(meta, options);
     iter.seek(start);
     let mut deletions = BTreeMap::new();
-    while let (Some(key), Some(value)) = (iter.key(), iter.value()) {
+    while let Some((key, value)) = iter.item() {
         let (Some(pid_num), Some(from)) = (keys::parse_deletion_key(key), keys::decode_u64(value))
         else {
             return Err(JournalError::CorruptMetadata(
@@ -557,7 +557,7 @@ impl Writer {
         let mut decoder = record::EventDecoder::new();
         let unnamed = smol_str::SmolStr::default();
         while count < limit {
-            let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
+            let Some((key, value)) = iter.item() else {
                 break;
             };
             let Some((_, sequence_nr)) = keys::parse_pair(key) else {
