@@ -171,6 +171,24 @@ fn block_flags(index: usize, count: usize) -> u32 {
     flags
 }
 
+/// One round of the compression function on state `v` with message words `m` in the order
+/// of schedule `s` (a constant): the columns, then the diagonals. A macro rather than a
+/// function so that it is expanded in place in `compress`, whatever the inliner decides.
+#[cfg(target_arch = "x86_64")]
+macro_rules! round {
+    ($v:ident, $m:ident, $s:expr) => {{
+        const S: [usize; 16] = $s;
+        g(&mut $v, 0, 4, 8, 12, $m[S[0]], $m[S[1]]);
+        g(&mut $v, 1, 5, 9, 13, $m[S[2]], $m[S[3]]);
+        g(&mut $v, 2, 6, 10, 14, $m[S[4]], $m[S[5]]);
+        g(&mut $v, 3, 7, 11, 15, $m[S[6]], $m[S[7]]);
+        g(&mut $v, 0, 5, 10, 15, $m[S[8]], $m[S[9]]);
+        g(&mut $v, 1, 6, 11, 12, $m[S[10]], $m[S[11]]);
+        g(&mut $v, 2, 7, 8, 13, $m[S[12]], $m[S[13]]);
+        g(&mut $v, 3, 4, 9, 14, $m[S[14]], $m[S[15]]);
+    }};
+}
+
 /// The compression function of the specification on every lane of one register type. It is
 /// expanded in each SIMD module, whose `add`, `xor`, `rotr16`, `rotr12`, `rotr8`, `rotr7`,
 /// `splat` and `zero` (32-bit lane operations) it uses.
@@ -227,16 +245,17 @@ macro_rules! lane_compression {
                 block_len,
                 flags,
             ];
-            for s in &SCHEDULE {
-                g(&mut v, 0, 4, 8, 12, m[s[0]], m[s[1]]);
-                g(&mut v, 1, 5, 9, 13, m[s[2]], m[s[3]]);
-                g(&mut v, 2, 6, 10, 14, m[s[4]], m[s[5]]);
-                g(&mut v, 3, 7, 11, 15, m[s[6]], m[s[7]]);
-                g(&mut v, 0, 5, 10, 15, m[s[8]], m[s[9]]);
-                g(&mut v, 1, 6, 11, 12, m[s[10]], m[s[11]]);
-                g(&mut v, 2, 7, 8, 13, m[s[12]], m[s[13]]);
-                g(&mut v, 3, 4, 9, 14, m[s[14]], m[s[15]]);
-            }
+            // The rounds written out, each with its schedule as a constant, so that every
+            // message word is found at a fixed place; a loop over the schedule table read the
+            // indices, checked their bounds and loaded the words anew in every round
+            // (measured on AVX-512: about a third of the time of a group of records).
+            round!(v, m, SCHEDULE[0]);
+            round!(v, m, SCHEDULE[1]);
+            round!(v, m, SCHEDULE[2]);
+            round!(v, m, SCHEDULE[3]);
+            round!(v, m, SCHEDULE[4]);
+            round!(v, m, SCHEDULE[5]);
+            round!(v, m, SCHEDULE[6]);
             std::array::from_fn(|i| xor(v[i], v[i + 8]))
         }
     };
