@@ -328,6 +328,9 @@ impl Cursor for EventCursor {
         }
     }
 
+    // Inlined into the stream's `poll_next`, so that the event is decoded into the slot the
+    // stream hands it out from.
+    #[inline(always)]
     fn next_item(
         decoder: &mut LogDecoder,
         raw: &mut RawEvents,
@@ -347,7 +350,7 @@ impl Cursor for EventCursor {
         let (sequence_nr, end) = raw.records[index];
         let range = raw.start_of(index)..end;
         let persistence_id = &decoder.persistence_id;
-        let decoded = if raw.share_payloads {
+        Some(if raw.share_payloads {
             decoder
                 .decoder
                 .decode_shared(persistence_id, sequence_nr, &raw.values, range)
@@ -356,8 +359,8 @@ impl Cursor for EventCursor {
             decoder
                 .decoder
                 .decode_checked(persistence_id, sequence_nr, value)
-        };
-        Some(decoded.map(|decoded| decoded.repr))
+                .map(|decoded| decoded.repr)
+        })
     }
 
     fn read_chunk(
