@@ -398,6 +398,69 @@ async fn live_queries_stream_events_committed_later() {
     assert!(end.is_none());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_query_read_ahead_in_many_chunks_misses_nothing_committed_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    // Every chunk but the first read ahead on the blocking pool, three events at a time.
+    config.read_chunk_events = 3;
+    config.inline_read_events = 0;
+    let journal = std::sync::Arc::new(RocksJournal::open(config).await.unwrap());
+    journal.append(write("a", 1, 50)).await.unwrap();
+    let mut live = journal.events_by_persistence_id("a", 1, QueryMode::Live);
+    let writer = {
+        let journal = journal.clone();
+        tokio::spawn(async move {
+            for seq in 51..=200 {
+                journal.append(write("a", seq, seq)).await.unwrap();
+            }
+        })
+    };
+    let mut seen = Vec::new();
+    while seen.len() < 200 {
+        let e: PersistentRepr = next(&mut live).await;
+        assert_eq!(e.payload, format!("a-{}", e.sequence_nr).as_bytes());
+        seen.push(e.sequence_nr);
+    }
+    writer.await.unwrap();
+    assert_eq!(seen, (1..=200).collect::<Vec<_>>());
+    drop(live);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_dropped_while_its_reader_is_ahead_releases_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.read_chunk_events = 2;
+    config.inline_read_events = 0;
+    let journal = RocksJournal::open(config.clone()).await.unwrap();
+    journal.append(write("a", 1, 500)).await.unwrap();
+    let mut replay = journal.replay("a", 1, u64::MAX, u64::MAX);
+    assert_eq!(replay.next().await.unwrap().unwrap().sequence_nr, 1);
+    // The reader has read ahead and waits for room to hand over more chunks. Dropping the
+    // stream must stop it: it holds the database open, and the store could not be opened
+    // again while it does.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(replay);
+    journal.close().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let reopened = loop {
+        match RocksJournal::open(config.clone()).await {
+            Ok(journal) => break journal,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the store is still held 10 s after its replay was dropped: {e}"),
+        }
+    };
+    assert_eq!(
+        replayed_seqs(&reopened, "a").await,
+        (1..=500).collect::<Vec<_>>()
+    );
+    reopened.close().await;
+}
+
 #[tokio::test]
 async fn events_survive_reopening() {
     let dir = tempfile::tempdir().unwrap();

@@ -637,8 +637,17 @@ impl Cursor for PersistenceIdCursor {
     }
 }
 
-/// A cursor coming back from the blocking pool with what it read.
+/// A cursor with what it read.
 type ChunkRead<C> = (C, Result<Chunk<<C as Cursor>::Raw>, JournalError>);
+
+/// A chunk as a reader hands it over, and whether it is the reader's last: then the reader
+/// gives its cursor back and stops.
+type ReadAhead<C> = (Result<Chunk<<C as Cursor>::Raw>, JournalError>, bool);
+
+/// Chunks a reader keeps ready beyond the one the stream is going through. One is enough for
+/// the reader never to wait on a consumer that keeps up with it; each is at most
+/// `read_chunk_events` events.
+const READ_AHEAD_CHUNKS: usize = 1;
 
 /// What a stream does next.
 enum Step<C: Cursor> {
@@ -646,7 +655,12 @@ enum Step<C: Cursor> {
     /// [`Cursor::READ_FIRST_INLINE`]).
     First(C),
     Read(C),
-    Reading(tokio::task::JoinHandle<ChunkRead<C>>),
+    /// A reader on the blocking pool reads chunk after chunk into `chunks` (see
+    /// [`read_ahead`]); `reader` gives the cursor back once it has sent its last chunk.
+    Reading {
+        chunks: tokio::sync::mpsc::Receiver<ReadAhead<C>>,
+        reader: tokio::task::JoinHandle<C>,
+    },
     /// Caught up in a live query: wait for the next commit.
     AwaitCommit(C),
     Done,
@@ -659,19 +673,44 @@ struct StreamState<C: Cursor> {
     step: Step<C>,
 }
 
+/// Reads chunks of `cursor` one after the other and sends them to the stream, until one is
+/// the last (caught up, at the end, or failed) or the stream is gone; returns the cursor.
+///
+/// The reader goes on with the next chunk while the stream goes through the previous ones:
+/// waiting for the stream to take each chunk before starting the next (a hop to the
+/// consumer's task and a new blocking task per chunk) left RocksDB idle for a tenth of a
+/// long replay (measured). A consumer slower than RocksDB keeps the reader waiting, with
+/// [`READ_AHEAD_CHUNKS`] chunks ready, until it takes them or drops the stream.
+fn read_ahead<C: Cursor>(
+    shared: &Shared,
+    mut cursor: C,
+    chunks: &tokio::sync::mpsc::Sender<ReadAhead<C>>,
+) -> C {
+    let limit = shared.config.read_chunk_events;
+    loop {
+        let read = cursor.read_chunk(shared, limit);
+        let last = match &read {
+            Ok(chunk) => chunk.error.is_some() || chunk.caught_up || cursor.finished(),
+            Err(_) => true,
+        };
+        if chunks.blocking_send((read, last)).is_err() || last {
+            return cursor;
+        }
+    }
+}
+
 impl<C: Cursor> StreamState<C> {
-    /// Starts reading the cursor's next chunk. The commit counter is marked seen first, so a
-    /// commit that lands while the chunk is read wakes the stream afterwards.
-    fn read(&mut self, mut cursor: C) -> Step<C> {
+    /// Starts a reader of the cursor's next chunks on the blocking pool. The commit counter
+    /// is marked seen first, so a commit that lands while the reader reads wakes the stream
+    /// afterwards.
+    fn read(&mut self, cursor: C) -> Step<C> {
         if let Some(commits) = &mut self.commits {
             commits.borrow_and_update();
         }
         let shared = self.shared.clone();
-        Step::Reading(tokio::task::spawn_blocking(move || {
-            let limit = shared.config.read_chunk_events;
-            let chunk = cursor.read_chunk(&shared, limit);
-            (cursor, chunk)
-        }))
+        let (sender, chunks) = tokio::sync::mpsc::channel(READ_AHEAD_CHUNKS);
+        let reader = tokio::task::spawn_blocking(move || read_ahead(&shared, cursor, &sender));
+        Step::Reading { chunks, reader }
     }
 
     /// Reads the cursor's first chunk in this task. Most logs are short (an entity's events
@@ -688,11 +727,17 @@ impl<C: Cursor> StreamState<C> {
         (cursor, chunk)
     }
 
-    /// Takes in what a read returned and starts the next read, before the consumer goes
-    /// through this chunk.
+    /// Takes in a chunk read in this task and starts reading the next ones, before the
+    /// consumer goes through this one.
     fn take(&mut self, (cursor, chunk): ChunkRead<C>) -> ChunkOfStream<C> {
         let chunk = chunk?;
-        self.step = if chunk.error.is_some() || cursor.finished() {
+        self.step = self.after(cursor, &chunk);
+        Ok((chunk.raw, chunk.error))
+    }
+
+    /// What follows `chunk`, read last by `cursor`.
+    fn after(&mut self, cursor: C, chunk: &Chunk<C::Raw>) -> Step<C> {
+        if chunk.error.is_some() || cursor.finished() {
             Step::Done
         } else if !chunk.caught_up {
             self.read(cursor)
@@ -700,8 +745,7 @@ impl<C: Cursor> StreamState<C> {
             Step::AwaitCommit(cursor)
         } else {
             Step::Done
-        };
-        Ok((chunk.raw, chunk.error))
+        }
     }
 }
 
@@ -725,31 +769,50 @@ pub(crate) fn stream<C: Cursor>(
             Step::Read(cursor)
         },
     };
-    let chunks = futures::stream::unfold(state, |mut state| async move {
+    let reader_failed =
+        |e: tokio::task::JoinError| JournalError::Storage(format!("journal reader failed: {e}"));
+    let chunks = futures::stream::unfold(state, move |mut state| async move {
         loop {
-            let read = match std::mem::replace(&mut state.step, Step::Done) {
+            match std::mem::replace(&mut state.step, Step::Done) {
                 Step::Done => return None,
-                Step::First(cursor) => state.read_first(cursor),
+                Step::First(cursor) => {
+                    let read = state.read_first(cursor);
+                    return Some((state.take(read), state));
+                }
                 Step::Read(cursor) => {
                     state.step = state.read(cursor);
-                    continue;
                 }
                 Step::AwaitCommit(cursor) => {
                     let commits = state.commits.as_mut()?;
                     // An error means the writer stopped: the journal was closed.
                     commits.changed().await.ok()?;
                     state.step = Step::Read(cursor);
-                    continue;
                 }
-                Step::Reading(reading) => match reading.await {
-                    Ok(done) => done,
-                    Err(e) => {
-                        let e = JournalError::Storage(format!("journal reader failed: {e}"));
+                Step::Reading { mut chunks, reader } => {
+                    let Some((read, last)) = chunks.recv().await else {
+                        // The reader stopped without a last chunk: it panicked.
+                        let e = match reader.await {
+                            Err(e) => reader_failed(e),
+                            Ok(_) => JournalError::Storage("journal reader stopped".into()),
+                        };
                         return Some((Err(e), state));
-                    }
-                },
-            };
-            return Some((state.take(read), state));
+                    };
+                    let chunk = match read {
+                        Ok(chunk) => chunk,
+                        Err(e) => return Some((Err(e), state)),
+                    };
+                    state.step = if last {
+                        // The reader returns right after sending its last chunk.
+                        match reader.await {
+                            Ok(cursor) => state.after(cursor, &chunk),
+                            Err(e) => return Some((Err(reader_failed(e)), state)),
+                        }
+                    } else {
+                        Step::Reading { chunks, reader }
+                    };
+                    return Some((Ok((chunk.raw, chunk.error)), state));
+                }
+            }
         }
     })
     .boxed()
