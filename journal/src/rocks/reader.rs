@@ -388,7 +388,6 @@ impl Cursor for EventCursor {
 
         let events = shared.cf(CF_EVENTS)?;
         let mut options = rocksdb::ReadOptions::default();
-        options.set_iterate_upper_bound(pair_upper_bound(pid_num, end));
         // Read the whole range from the file at once rather than block by block: RocksDB's own
         // readahead starts only after two reads of one iterator, while the records wanted
         // here are known to lie together. Measured over six paired runs: replays of 10,000
@@ -403,13 +402,17 @@ impl Cursor for EventCursor {
         let mut values = Vec::with_capacity(expected_bytes);
         let mut records = Vec::with_capacity(limit as usize);
         let mut expected = start;
-        while (records.len() as u64) < limit {
-            let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
-                break;
-            };
-            let Some((_, sequence_nr)) = parse_pair(key) else {
+        // No upper bound is set: the loop stops at the last record it wants without stepping
+        // past it, and at a key of another log. With a bound and the readahead above, RocksDB
+        // compared every key with the bound (measured: a twentieth of a replay of 100 events).
+        // `limit` is at least 1 here.
+        while let Some((key, value)) = iter.item() {
+            let Some((key_pid_num, sequence_nr)) = parse_pair(key) else {
                 return Err(self.missing(expected, end));
             };
+            if key_pid_num != pid_num || sequence_nr > end {
+                break;
+            }
             if sequence_nr != expected {
                 // A gap is only legitimate if a delete_to committed since the state was read.
                 let now = state_of(shared, &self.persistence_id)?;
@@ -423,6 +426,9 @@ impl Cursor for EventCursor {
             values.extend_from_slice(value);
             records.push((sequence_nr, values.len()));
             expected = sequence_nr + 1;
+            if records.len() as u64 == limit {
+                break;
+            }
             iter.next();
         }
         let read = records.len() as u64;
