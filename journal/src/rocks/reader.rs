@@ -22,12 +22,15 @@ use crate::record::{
 };
 use crate::storage::{self, CHECK_GROUP};
 use bytes::Bytes;
-use futures::stream::{BoxStream, Fuse};
 use futures::{Stream, StreamExt};
 use smol_str::SmolStr;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 /// Names (pid number → persistence id) a tag query is sure to remember if used in a row; it
 /// holds at most twice as many (see [`Recent`]).
@@ -643,9 +646,6 @@ impl Cursor for PersistenceIdCursor {
     }
 }
 
-/// A cursor with what it read.
-type ChunkRead<C> = (C, Result<Chunk<<C as Cursor>::Raw>, JournalError>);
-
 /// A chunk as a reader hands it over, and whether it is the reader's last: then the reader
 /// gives its cursor back and stops.
 type ReadAhead<C> = (Result<Chunk<<C as Cursor>::Raw>, JournalError>, bool);
@@ -655,28 +655,51 @@ type ReadAhead<C> = (Result<Chunk<<C as Cursor>::Raw>, JournalError>, bool);
 /// `read_chunk_events` events.
 const READ_AHEAD_CHUNKS: usize = 1;
 
-/// What a stream does next.
+/// A live query's wait for the next commit; it owns the commit counter while it waits and
+/// gives it back, with whether the journal is still open.
+type CommitWait = Pin<Box<dyn Future<Output = (watch::Receiver<u64>, bool)> + Send>>;
+
+/// Where a stream gets its next chunk from.
 enum Step<C: Cursor> {
     /// Nothing read yet: the first chunk is small and read in the stream's own task (see
     /// [`Cursor::READ_FIRST_INLINE`]).
     First(C),
+    /// A reader is to be started on the blocking pool.
     Read(C),
     /// A reader on the blocking pool reads chunk after chunk into `chunks` (see
     /// [`read_ahead`]); `reader` gives the cursor back once it has sent its last chunk.
     Reading {
         chunks: tokio::sync::mpsc::Receiver<ReadAhead<C>>,
-        reader: tokio::task::JoinHandle<C>,
+        reader: JoinHandle<C>,
+    },
+    /// The reader sent `last`, its last chunk, and is giving the cursor back.
+    Joining {
+        reader: JoinHandle<C>,
+        last: Chunk<C::Raw>,
     },
     /// Caught up in a live query: wait for the next commit.
-    AwaitCommit(C),
+    AwaitCommit {
+        cursor: C,
+        wait: CommitWait,
+    },
     Done,
 }
 
-struct StreamState<C: Cursor> {
+/// The stream of a cursor, current (`commits` is `None`) or live: it hands out the items of
+/// the chunk in hand one by one, decoding each as it is taken, and gets chunks as `step`
+/// says. Written out as one state machine rather than composed from `unfold` and `flat_map`:
+/// a replay moves every event through here, and each layer of adapters costs a move of the
+/// event and a poll per event, and every stream an allocation.
+struct CursorStream<C: Cursor> {
     shared: Arc<Shared>,
-    /// `Some` for a live query.
+    /// `Some` for a live query, unless a commit wait holds it.
     commits: Option<watch::Receiver<u64>>,
     step: Step<C>,
+    decoder: C::Decoder,
+    /// The rest of the current chunk.
+    chunk: Option<C::Raw>,
+    /// The error the current chunk ends with, after its items.
+    error: Option<JournalError>,
 }
 
 /// Reads chunks of `cursor` one after the other and sends them to the stream, until one is
@@ -705,14 +728,22 @@ fn read_ahead<C: Cursor>(
     }
 }
 
-impl<C: Cursor> StreamState<C> {
-    /// Starts a reader of the cursor's next chunks on the blocking pool. The commit counter
-    /// is marked seen first, so a commit that lands while the reader reads wakes the stream
-    /// afterwards.
-    fn read(&mut self, cursor: C) -> Step<C> {
+fn reader_failed(e: tokio::task::JoinError) -> JournalError {
+    JournalError::Storage(format!("journal reader failed: {e}"))
+}
+
+impl<C: Cursor> CursorStream<C> {
+    /// Marks the commit counter seen, so that a commit landing while the next read runs
+    /// wakes the stream afterwards.
+    fn mark_commits_seen(&mut self) {
         if let Some(commits) = &mut self.commits {
             commits.borrow_and_update();
         }
+    }
+
+    /// Starts a reader of the cursor's next chunks on the blocking pool.
+    fn read(&mut self, cursor: C) -> Step<C> {
+        self.mark_commits_seen();
         let shared = self.shared.clone();
         let (sender, chunks) = tokio::sync::mpsc::channel(READ_AHEAD_CHUNKS);
         let reader = tokio::task::spawn_blocking(move || read_ahead(&shared, cursor, &sender));
@@ -723,22 +754,14 @@ impl<C: Cursor> StreamState<C> {
     /// since its last snapshot), and for them the hop to a blocking thread and back costs
     /// more than the read itself; a long replay reads on from the blocking pool, ahead of the
     /// consumer.
-    fn read_first(&mut self, mut cursor: C) -> ChunkRead<C> {
-        if let Some(commits) = &mut self.commits {
-            commits.borrow_and_update();
-        }
+    fn read_first(&mut self, mut cursor: C) -> Result<(), JournalError> {
+        self.mark_commits_seen();
         let config = &self.shared.config;
         let limit = config.read_chunk_events.min(config.inline_read_events);
-        let chunk = cursor.read_chunk(&self.shared, limit);
-        (cursor, chunk)
-    }
-
-    /// Takes in a chunk read in this task and starts reading the next ones, before the
-    /// consumer goes through this one.
-    fn take(&mut self, (cursor, chunk): ChunkRead<C>) -> ChunkOfStream<C> {
-        let chunk = chunk?;
+        let chunk = cursor.read_chunk(&self.shared, limit)?;
         self.step = self.after(cursor, &chunk);
-        Ok((chunk.raw, chunk.error))
+        self.take(chunk);
+        Ok(())
     }
 
     /// What follows `chunk`, read last by `cursor`.
@@ -747,128 +770,142 @@ impl<C: Cursor> StreamState<C> {
             Step::Done
         } else if !chunk.caught_up {
             self.read(cursor)
-        } else if self.commits.is_some() {
-            Step::AwaitCommit(cursor)
+        } else if let Some(mut commits) = self.commits.take() {
+            let wait = Box::pin(async move {
+                // An error means the writer stopped: the journal was closed.
+                let open = commits.changed().await.is_ok();
+                (commits, open)
+            });
+            Step::AwaitCommit { cursor, wait }
         } else {
             Step::Done
         }
     }
+
+    /// Makes `chunk` the one in hand.
+    fn take(&mut self, chunk: Chunk<C::Raw>) {
+        self.chunk = Some(chunk.raw);
+        self.error = chunk.error;
+    }
+
+    /// Hands out `e` as the last item: what is left of the chunk, its read error and the read
+    /// ahead (with the reader's other resources) are dropped at once.
+    fn end_with(&mut self, e: JournalError) -> Option<Result<C::Item, JournalError>> {
+        self.chunk = None;
+        self.error = None;
+        self.step = Step::Done;
+        Some(Err(e))
+    }
+
+    /// Gets the next chunk into hand: `Ready(Ok(true))` when there is one, `Ready(Ok(false))`
+    /// at the end. Out of line: it runs once a chunk, and inlined into `poll_next` it made
+    /// the loop over the chunk's events slower (measured).
+    #[inline(never)]
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, JournalError>> {
+        loop {
+            match std::mem::replace(&mut self.step, Step::Done) {
+                Step::Done => return Poll::Ready(Ok(false)),
+                Step::First(cursor) => {
+                    self.read_first(cursor)?;
+                    return Poll::Ready(Ok(true));
+                }
+                Step::Read(cursor) => self.step = self.read(cursor),
+                Step::Reading {
+                    mut chunks,
+                    mut reader,
+                } => match chunks.poll_recv(cx) {
+                    Poll::Pending => {
+                        self.step = Step::Reading { chunks, reader };
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Some((read, last))) => {
+                        let chunk = read?;
+                        if last {
+                            // The reader returns right after sending its last chunk.
+                            self.step = Step::Joining {
+                                reader,
+                                last: chunk,
+                            };
+                        } else {
+                            self.step = Step::Reading { chunks, reader };
+                            self.take(chunk);
+                            return Poll::Ready(Ok(true));
+                        }
+                    }
+                    // The reader stopped without a last chunk: it panicked.
+                    Poll::Ready(None) => match Pin::new(&mut reader).poll(cx) {
+                        Poll::Pending => {
+                            self.step = Step::Reading { chunks, reader };
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(reader_failed(e))),
+                        Poll::Ready(Ok(_)) => {
+                            return Poll::Ready(Err(JournalError::Storage(
+                                "journal reader stopped".into(),
+                            )));
+                        }
+                    },
+                },
+                Step::Joining { mut reader, last } => match Pin::new(&mut reader).poll(cx) {
+                    Poll::Pending => {
+                        self.step = Step::Joining { reader, last };
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(reader_failed(e))),
+                    Poll::Ready(Ok(cursor)) => {
+                        self.step = self.after(cursor, &last);
+                        self.take(last);
+                        return Poll::Ready(Ok(true));
+                    }
+                },
+                Step::AwaitCommit { cursor, mut wait } => match wait.as_mut().poll(cx) {
+                    Poll::Pending => {
+                        self.step = Step::AwaitCommit { cursor, wait };
+                        return Poll::Pending;
+                    }
+                    Poll::Ready((commits, open)) => {
+                        self.commits = Some(commits);
+                        if !open {
+                            return Poll::Ready(Ok(false));
+                        }
+                        self.step = Step::Read(cursor);
+                    }
+                },
+            }
+        }
+    }
 }
 
-/// One chunk as read, and the error the stream ends with after its items, if any.
-type ChunkOfStream<C> = Result<(<C as Cursor>::Raw, Option<JournalError>), JournalError>;
-
-/// The stream of a cursor: current (`commits` is `None`) or live.
+/// The stream of `cursor`: current (`commits` is `None`) or live.
 pub(crate) fn stream<C: Cursor>(
     shared: Arc<Shared>,
     cursor: C,
     commits: Option<watch::Receiver<u64>>,
 ) -> JournalStream<C::Item> {
     let inline = C::READ_FIRST_INLINE && shared.config.inline_read_events > 0;
-    let decoder = cursor.decoder();
-    let state = StreamState {
+    CursorStream {
         shared,
         commits,
+        decoder: cursor.decoder(),
         step: if inline {
             Step::First(cursor)
         } else {
             Step::Read(cursor)
         },
-    };
-    let reader_failed =
-        |e: tokio::task::JoinError| JournalError::Storage(format!("journal reader failed: {e}"));
-    let chunks = futures::stream::unfold(state, move |mut state| async move {
-        loop {
-            match std::mem::replace(&mut state.step, Step::Done) {
-                Step::Done => return None,
-                Step::First(cursor) => {
-                    let read = state.read_first(cursor);
-                    return Some((state.take(read), state));
-                }
-                Step::Read(cursor) => {
-                    state.step = state.read(cursor);
-                }
-                Step::AwaitCommit(cursor) => {
-                    let commits = state.commits.as_mut()?;
-                    // An error means the writer stopped: the journal was closed.
-                    commits.changed().await.ok()?;
-                    state.step = Step::Read(cursor);
-                }
-                Step::Reading { mut chunks, reader } => {
-                    let Some((read, last)) = chunks.recv().await else {
-                        // The reader stopped without a last chunk: it panicked.
-                        let e = match reader.await {
-                            Err(e) => reader_failed(e),
-                            Ok(_) => JournalError::Storage("journal reader stopped".into()),
-                        };
-                        return Some((Err(e), state));
-                    };
-                    let chunk = match read {
-                        Ok(chunk) => chunk,
-                        Err(e) => return Some((Err(e), state)),
-                    };
-                    state.step = if last {
-                        // The reader returns right after sending its last chunk.
-                        match reader.await {
-                            Ok(cursor) => state.after(cursor, &chunk),
-                            Err(e) => return Some((Err(reader_failed(e)), state)),
-                        }
-                    } else {
-                        Step::Reading { chunks, reader }
-                    };
-                    return Some((Ok((chunk.raw, chunk.error)), state));
-                }
-            }
-        }
-    })
-    .boxed()
-    // Fused: a consumer may poll again after the end, which `unfold` does not allow.
-    .fuse();
-    ChunkedStream::<C> {
-        chunks,
-        decoder,
         chunk: None,
         error: None,
     }
     .boxed()
 }
 
-/// Hands out the items of a stream of chunks one by one, decoding each as it is taken.
-/// Written out rather than composed from `flat_map`: a replay moves every event through here,
-/// and each layer of adapters costs a move of the event and a poll per event.
-struct ChunkedStream<C: Cursor> {
-    chunks: Fuse<BoxStream<'static, ChunkOfStream<C>>>,
-    decoder: C::Decoder,
-    /// The rest of the current chunk.
-    chunk: Option<C::Raw>,
-    /// The error the current chunk ends with, after its items.
-    error: Option<JournalError>,
-}
+// Nothing in it is pinned in place: futures it waits on are boxed or `Unpin`, and items are
+// moved out of the current chunk.
+impl<C: Cursor> Unpin for CursorStream<C> {}
 
-impl<C: Cursor> ChunkedStream<C> {
-    /// Hands out `e` as the last item: what is left of the chunk, its read error and the read
-    /// ahead (with the reader's other resources) are dropped at once, and the chunks that
-    /// would follow are replaced by none.
-    fn end_with(&mut self, e: JournalError) -> Option<Result<C::Item, JournalError>> {
-        self.chunk = None;
-        self.error = None;
-        self.chunks = futures::stream::empty().boxed().fuse();
-        Some(Err(e))
-    }
-}
-
-// Nothing in it is pinned in place: the chunk stream is boxed, and items are moved out of
-// the current chunk.
-impl<C: Cursor> Unpin for ChunkedStream<C> {}
-
-impl<C: Cursor> Stream for ChunkedStream<C> {
+impl<C: Cursor> Stream for CursorStream<C> {
     type Item = Result<C::Item, JournalError>;
 
-    fn poll_next(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         loop {
             if let Some(chunk) = &mut this.chunk {
@@ -883,13 +920,10 @@ impl<C: Cursor> Stream for ChunkedStream<C> {
             if let Some(e) = this.error.take() {
                 return Poll::Ready(this.end_with(e));
             }
-            match this.chunks.poll_next_unpin(cx) {
-                Poll::Ready(Some(Ok((chunk, error)))) => {
-                    this.chunk = Some(chunk);
-                    this.error = error;
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(this.end_with(e)),
-                Poll::Ready(None) => return Poll::Ready(None),
+            match this.poll_chunk(cx) {
+                Poll::Ready(Ok(true)) => {}
+                Poll::Ready(Ok(false)) => return Poll::Ready(None),
+                Poll::Ready(Err(e)) => return Poll::Ready(this.end_with(e)),
                 Poll::Pending => return Poll::Pending,
             }
         }
