@@ -89,8 +89,11 @@ pub(crate) const LANES: usize = 16;
 pub(crate) fn keyed_hash_lanes(jobs: &[Job<'_>], out: &mut [[u8; OUT_LEN]]) {
     let jobs = &jobs[..jobs.len().min(LANES).min(out.len())];
     if jobs.len() >= MIN_SIMD_JOBS {
+        // Eight jobs or fewer take the eight lanes of AVX2 even where AVX-512 is there: a
+        // compression of sixteen lanes costs about two of eight, and a replay's last group of
+        // records is often short.
         #[cfg(target_arch = "x86_64")]
-        if avx512::available() {
+        if jobs.len() > avx2::LANES && avx512::available() {
             // SAFETY: the CPU has AVX-512F and BW (checked at run time just above).
             unsafe { avx512::hash_lanes(jobs, out) };
             return;
