@@ -237,7 +237,6 @@ impl Sim {
                 timestamp_ms: 0,
                 manifest,
                 payload,
-                tags: Vec::new(),
             };
             assert!(self.machine.event_replayed(&repr, &mut out));
         }

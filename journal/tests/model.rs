@@ -202,17 +202,18 @@ async fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let got = collect(journal.events_by_tag(tag, after, QueryMode::Current))
                     .await
                     .unwrap();
-                let got: Vec<(u64, String, u64)> = got
+                let got: Vec<(u64, String, u64, Vec<String>)> = got
                     .into_iter()
                     .map(|e| {
                         (
                             e.offset,
                             e.event.persistence_id.to_string(),
                             e.event.sequence_nr,
+                            e.tags,
                         )
                     })
                     .collect();
-                let want: Vec<(u64, String, u64)> = model
+                let want: Vec<(u64, String, u64, Vec<String>)> = model
                     .tagged
                     .iter()
                     .filter(|(offset, pid, seq, tags)| {
@@ -220,7 +221,7 @@ async fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                             && tags.iter().any(|t| t == tag)
                             && *seq > model.logs[pid].deleted_to
                     })
-                    .map(|(o, p, s, _)| (*o, p.clone(), *s))
+                    .map(|(o, p, s, tags)| (*o, p.clone(), *s, tags.clone()))
                     .collect();
                 prop_assert_eq!(got, want);
             }

@@ -11,9 +11,9 @@ use tessera_journal::{
     RECORD_FORMAT_VERSION, RocksJournal, STORE_FORMAT_VERSION, event_key, rocksdb_options, storage,
 };
 
-/// The sealed value of `event` (stored under `key`, at `offset` in the tag order) in record
-/// format 1, laid out by hand as the releases before format 2 wrote it.
-fn format_1_record(key: &[u8], offset: u64, event: &PersistentRepr) -> Vec<u8> {
+/// The sealed value of `event` with `tags` (stored under `key`, at `offset` in the tag order)
+/// in record format 1, laid out by hand as the releases before format 2 wrote it.
+fn format_1_record(key: &[u8], offset: u64, event: &PersistentRepr, tags: &[String]) -> Vec<u8> {
     let mut body = Vec::new();
     body.extend_from_slice(&offset.to_le_bytes());
     body.extend_from_slice(&event.timestamp_ms.to_le_bytes());
@@ -23,8 +23,8 @@ fn format_1_record(key: &[u8], offset: u64, event: &PersistentRepr) -> Vec<u8> {
         body.extend_from_slice(&(name.len() as u16).to_le_bytes());
         body.extend_from_slice(name.as_bytes());
     }
-    body.extend_from_slice(&(event.tags.len() as u16).to_le_bytes());
-    for tag in &event.tags {
+    body.extend_from_slice(&(tags.len() as u16).to_le_bytes());
+    for tag in tags {
         body.extend_from_slice(&(tag.len() as u16).to_le_bytes());
         body.extend_from_slice(tag.as_bytes());
     }
@@ -868,12 +868,13 @@ async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_t
         let db = open_raw(&wide.path);
         let events = db.cf_handle("events").unwrap();
         for event in &written[..30] {
-            let offset = green
+            // Every tagged event has both tags, so the query by one finds all of them.
+            let (offset, tags) = green
                 .iter()
                 .find(|e| e.event.sequence_nr == event.sequence_nr)
-                .map_or(0, |e| e.offset);
+                .map_or((0, Vec::new()), |e| (e.offset, e.tags.clone()));
             let key = event_key(1, event.sequence_nr);
-            db.put_cf(events, key, format_1_record(&key, offset, event))
+            db.put_cf(events, key, format_1_record(&key, offset, event, &tags))
                 .unwrap();
         }
     }

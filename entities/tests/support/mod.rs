@@ -120,7 +120,6 @@ impl MemoryJournal {
                 timestamp_ms: 0,
                 manifest,
                 payload: payload.into(),
-                tags: Vec::new(),
             },
         );
     }
@@ -169,7 +168,6 @@ impl MemoryJournal {
                     timestamp_ms: event.timestamp_ms,
                     manifest: event.manifest.clone(),
                     payload: event.payload.clone(),
-                    tags: event.tags.clone(),
                 },
             );
             log.highest = event.sequence_nr;

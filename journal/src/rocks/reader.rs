@@ -575,6 +575,7 @@ impl Cursor for TagCursor {
                 Ok(decoded) => items.push(EventEnvelope {
                     offset,
                     event: decoded.repr,
+                    tags: decoded.tags,
                 }),
                 Err(e) => {
                     return Ok(Chunk {

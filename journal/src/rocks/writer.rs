@@ -565,7 +565,7 @@ impl Writer {
             };
             match decoder.decode(&unnamed, sequence_nr, key, value) {
                 Ok(decoded) => {
-                    for tag in &decoded.repr.tags {
+                    for tag in &decoded.tags {
                         if let Some(tag_num) = self.find_tag(tag)? {
                             batch.delete_cf(tag_index, pair_key(tag_num, decoded.offset));
                         }
