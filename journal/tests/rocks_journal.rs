@@ -617,6 +617,43 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
 }
 
 #[tokio::test]
+async fn a_record_that_passes_its_checksum_but_cannot_be_decoded_ends_the_replay_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("dave", 1, 1_000)).await.unwrap();
+    journal.close().await;
+    {
+        // A body of the current format cut off inside its first varint, sealed with a
+        // checksum that matches it.
+        let db = open_raw(&config(dir.path()).path);
+        let key = event_key(1, 700);
+        db.put_cf(
+            db.cf_handle("events").unwrap(),
+            key,
+            storage::seal(RECORD_FORMAT_VERSION, &key, &[0x80]),
+        )
+        .unwrap();
+    }
+    // Small chunks hand out payloads as slices of what was read; a chunk larger than the
+    // payload arena copies them: both end at the record, after every event before it.
+    for (inline_read_events, read_chunk_events) in [(128, 16), (0, 1_024)] {
+        let mut config = config(dir.path());
+        config.inline_read_events = inline_read_events;
+        config.read_chunk_events = read_chunk_events;
+        let journal = RocksJournal::open(config).await.unwrap();
+        let case = format!("inline {inline_read_events}, chunk {read_chunk_events}");
+        let (ok, error) = replay_until_error(&journal, "dave", 1).await;
+        assert_eq!(ok, (1..=699).collect::<Vec<_>>(), "{case}");
+        assert!(
+            matches!(&error, JournalError::Corrupt { persistence_id, sequence_nr: 700, detail }
+                if persistence_id == "dave" && detail.contains("undecodable")),
+            "{case}: {error:?}"
+        );
+        journal.close().await;
+    }
+}
+
+#[tokio::test]
 async fn large_and_small_records_replay_with_their_payloads_whatever_the_chunk() {
     let dir = tempfile::tempdir().unwrap();
     let journal = open(dir.path()).await;

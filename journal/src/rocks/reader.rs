@@ -189,12 +189,16 @@ pub(crate) trait Cursor: Send + 'static {
         shared: &Shared,
         limit: usize,
     ) -> Result<Chunk<Self::Raw>, JournalError>;
-    /// Takes the next item out of a chunk, `None` once it is used up. An error ends the
-    /// stream, which then drops the chunk without asking it for more.
-    fn next_item(
-        decoder: &mut Self::Decoder,
-        raw: &mut Self::Raw,
-    ) -> Option<Result<Self::Item, JournalError>>;
+    /// Takes the next item out of a chunk, `None` once it is used up or at a record that
+    /// cannot be handed out: then [`Cursor::failure`] says why, and the stream ends with
+    /// that error, dropping the chunk without asking it for more. (An item rather than a
+    /// `Result`: the event is then built where the stream hands it out from, rather than
+    /// moved through a temporary of each enum layer.)
+    fn next_item(decoder: &mut Self::Decoder, raw: &mut Self::Raw) -> Option<Self::Item>;
+    /// Why [`Cursor::next_item`] stopped before the end of the chunk, if it did.
+    fn failure(_raw: &mut Self::Raw) -> Option<JournalError> {
+        None
+    }
     /// Nothing can ever follow (a bound or a maximum count was reached).
     fn finished(&self) -> bool;
 }
@@ -334,18 +338,14 @@ impl Cursor for EventCursor {
     // Inlined into the stream's `poll_next`, so that the event is decoded into the slot the
     // stream hands it out from.
     #[inline(always)]
-    fn next_item(
-        decoder: &mut LogDecoder,
-        raw: &mut RawEvents,
-    ) -> Option<Result<PersistentRepr, JournalError>> {
+    fn next_item(decoder: &mut LogDecoder, raw: &mut RawEvents) -> Option<PersistentRepr> {
         if raw.next == raw.checked_to {
             if raw.check_failure.is_none() && raw.next < raw.records.len() {
                 // Checksums first, a group of records side by side, then decoding one by one.
                 raw.check_group(&decoder.persistence_id);
             }
             if raw.next == raw.checked_to {
-                // The stream ends with this error (see `ChunkedStream`).
-                return raw.check_failure.take().map(Err);
+                return None;
             }
         }
         let index = raw.next;
@@ -353,7 +353,7 @@ impl Cursor for EventCursor {
         let (sequence_nr, end) = raw.records[index];
         let range = raw.start_of(index)..end;
         let persistence_id = &decoder.persistence_id;
-        Some(if raw.share_payloads {
+        let decoded = if raw.share_payloads {
             decoder
                 .decoder
                 .decode_shared(persistence_id, sequence_nr, &raw.values, range)
@@ -363,7 +363,20 @@ impl Cursor for EventCursor {
                 .decoder
                 .decode_checked(persistence_id, sequence_nr, value)
                 .map(|decoded| decoded.repr)
-        })
+        };
+        match decoded {
+            Ok(event) => Some(event),
+            Err(e) => {
+                // Nothing after an undecodable record is handed out.
+                raw.checked_to = raw.next;
+                raw.check_failure = Some(e);
+                None
+            }
+        }
+    }
+
+    fn failure(raw: &mut RawEvents) -> Option<JournalError> {
+        raw.check_failure.take()
     }
 
     fn read_chunk(
@@ -493,8 +506,8 @@ impl Cursor for TagCursor {
 
     fn decoder(&self) {}
 
-    fn next_item(_: &mut (), raw: &mut Self::Raw) -> Option<Result<EventEnvelope, JournalError>> {
-        raw.next().map(Ok)
+    fn next_item(_: &mut (), raw: &mut Self::Raw) -> Option<EventEnvelope> {
+        raw.next()
     }
 
     fn read_chunk(
@@ -607,8 +620,8 @@ impl Cursor for PersistenceIdCursor {
 
     fn decoder(&self) {}
 
-    fn next_item(_: &mut (), raw: &mut Self::Raw) -> Option<Result<String, JournalError>> {
-        raw.next().map(Ok)
+    fn next_item(_: &mut (), raw: &mut Self::Raw) -> Option<String> {
+        raw.next()
     }
 
     fn read_chunk(
@@ -910,13 +923,15 @@ impl<C: Cursor> Stream for CursorStream<C> {
         let this = self.get_mut();
         loop {
             if let Some(chunk) = &mut this.chunk {
-                match C::next_item(&mut this.decoder, chunk) {
-                    Some(Ok(item)) => return Poll::Ready(Some(Ok(item))),
-                    // A record that fails its check or decoding comes before anything the
-                    // read stopped at.
-                    Some(Err(e)) => return Poll::Ready(this.end_with(e)),
-                    None => this.chunk = None,
+                if let Some(item) = C::next_item(&mut this.decoder, chunk) {
+                    return Poll::Ready(Some(Ok(item)));
                 }
+                // A record that fails its check or decoding comes before anything the read
+                // stopped at.
+                if let Some(e) = C::failure(chunk) {
+                    return Poll::Ready(this.end_with(e));
+                }
+                this.chunk = None;
             }
             if let Some(e) = this.error.take() {
                 return Poll::Ready(this.end_with(e));
