@@ -529,6 +529,11 @@ async fn replay_workloads(
             journal.close().await;
             check_count(&workload, raw_events, expected)?;
             check_count(&workload, tessera_events, expected)?;
+            progress(&format!(
+                "{workload}: pass {pass}: tessera {:.0}/s, rocksdb {:.0}/s",
+                expected as f64 / tessera_time.as_secs_f64(),
+                expected as f64 / raw_time.as_secs_f64()
+            ));
             if pass > 0 {
                 best_raw = best_raw.min(raw_time.as_secs_f64());
                 best_tessera = best_tessera.min(tessera_time.as_secs_f64());
