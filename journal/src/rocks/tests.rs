@@ -1,0 +1,99 @@
+//! Tests of how the journal uses RocksDB, which the public API does not show.
+
+use super::RocksJournal;
+use super::keys::CF_EVENTS;
+use crate::{AtomicWrite, FsyncPolicy, Journal, JournalConfig, Manifest, NewEvent};
+use futures::StreamExt;
+use rand::{Rng, SeedableRng};
+
+const EVENTS: u64 = 400;
+const PAYLOAD_BYTES: usize = 1024;
+
+/// A journal holding `EVENTS` events of incompressible payloads in one log, flushed to a table
+/// file so that reading them goes through the block cache (or around it).
+async fn journal_with_flushed_log(dir: &std::path::Path) -> RocksJournal {
+    let mut config = JournalConfig::new(dir);
+    config.fsync = FsyncPolicy::Never;
+    let journal = RocksJournal::open(config).await.unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    let events = (1..=EVENTS)
+        .map(|sequence_nr| NewEvent {
+            sequence_nr,
+            timestamp_ms: 0,
+            manifest: Manifest::new("test.Event", 1),
+            payload: (0..PAYLOAD_BYTES).map(|_| rng.random::<u8>()).collect(),
+            tags: Vec::new(),
+        })
+        .collect();
+    journal
+        .append(AtomicWrite {
+            persistence_id: "log".into(),
+            writer_id: "writer".into(),
+            events,
+        })
+        .await
+        .unwrap();
+    let shared = &journal.shared;
+    shared.db.flush_cf(shared.cf(CF_EVENTS).unwrap()).unwrap();
+    journal
+}
+
+fn events_cache_bytes(journal: &RocksJournal) -> u64 {
+    let shared = &journal.shared;
+    shared
+        .db
+        .property_int_value_cf(shared.cf(CF_EVENTS).unwrap(), "rocksdb.block-cache-usage")
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_replay_leaves_the_block_cache_to_other_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = journal_with_flushed_log(dir.path()).await;
+    let before = events_cache_bytes(&journal);
+
+    let mut replay = journal.replay("log", 1, u64::MAX, u64::MAX);
+    let mut replayed = 0;
+    while let Some(event) = replay.next().await {
+        assert_eq!(event.unwrap().payload.len(), PAYLOAD_BYTES);
+        replayed += 1;
+    }
+    assert_eq!(replayed, EVENTS);
+    let after_replay = events_cache_bytes(&journal);
+    assert!(
+        after_replay < before + 16 * 1024,
+        "a replay of {EVENTS} KiB filled the block cache from {before} to {after_replay} bytes"
+    );
+
+    // Control: the same records read with RocksDB's default options do fill it.
+    let shared = &journal.shared;
+    let mut iter = shared.db.raw_iterator_cf(shared.cf(CF_EVENTS).unwrap());
+    iter.seek_to_first();
+    while iter.valid() {
+        iter.next();
+    }
+    iter.status().unwrap();
+    drop(iter);
+    let after_scan = events_cache_bytes(&journal);
+    assert!(
+        after_scan > after_replay + EVENTS * PAYLOAD_BYTES as u64 / 2,
+        "a scan with the cache filled took it only from {after_replay} to {after_scan} bytes"
+    );
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn index_and_filter_blocks_of_event_tables_stay_out_of_the_block_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = journal_with_flushed_log(dir.path()).await;
+    // Loaded with the table file when the flush opened it: in the cache they would be
+    // about 3.5 KiB here, and a replay (which does not fill the cache) would read them
+    // again for every log.
+    let cached = events_cache_bytes(&journal);
+    assert!(
+        cached < 1024,
+        "{cached} bytes of the events' block cache in use before anything was read"
+    );
+    journal.close().await;
+}
