@@ -67,10 +67,11 @@ pub struct JournalConfig {
     /// for that read (0: every step on the blocking pool, e.g. when the journal's files are
     /// not in memory and the disk is slow).
     pub inline_read_events: usize,
-    /// Size of RocksDB's block cache for events.
+    /// Size of RocksDB's block cache for events: it keeps the blocks that events found by
+    /// tag are read from. Replays read past it (each reads a log once).
     pub block_cache_bytes: usize,
     /// Size of the separate block cache of the journal's metadata (log numbers and states,
-    /// tags), which every replay reads first; kept apart so that long replays do not evict it.
+    /// tags), which every replay reads first; kept apart so that reads of events do not evict it.
     pub metadata_cache_bytes: usize,
     /// Size of each RocksDB memtable.
     pub write_buffer_bytes: usize,

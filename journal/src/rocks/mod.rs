@@ -83,10 +83,11 @@ pub fn rocksdb_options(config: &JournalConfig) -> (Options, Vec<ColumnFamilyDesc
     events.set_block_based_table_factory(&table);
 
     // The metadata (log numbers and states, tag numbers, the tag index) has a cache of its
-    // own: every replay starts with a lookup there, and a long replay streams event blocks
-    // through the main cache, which would evict them (measured: a replay's metadata lookups
-    // took twice as long with one shared cache). Its index and filter blocks are few and
-    // stay with the table readers rather than in a cache.
+    // own: every replay starts with a lookup there, and event blocks passing through a
+    // shared cache would evict them (measured when replays still filled the cache: a
+    // replay's metadata lookups took twice as long with one shared cache; events found by
+    // tag still fill it). Its index and filter blocks are few and stay with the table
+    // readers rather than in a cache.
     let metadata_cache = rocksdb::Cache::new_lru_cache(config.metadata_cache_bytes);
     let mut metadata_table = BlockBasedOptions::default();
     metadata_table.set_block_cache(&metadata_cache);
