@@ -461,6 +461,109 @@ async fn a_replay_dropped_while_its_reader_is_ahead_releases_the_store() {
     reopened.close().await;
 }
 
+/// A runtime with one worker and one blocking thread, on which a reader that waited for its
+/// consumer would hold the whole blocking pool.
+fn runtime_with_one_blocking_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A journal whose replays read every chunk on the blocking pool, two events at a time, with
+/// log "a" of 50 events.
+async fn journal_reading_ahead_in_small_chunks(dir: &std::path::Path) -> RocksJournal {
+    let mut config = config(dir);
+    config.read_chunk_events = 2;
+    config.inline_read_events = 0;
+    let journal = RocksJournal::open(config).await.unwrap();
+    journal.append(write("a", 1, 50)).await.unwrap();
+    journal
+}
+
+#[test]
+fn a_paused_replay_leaves_the_blocking_pool_to_others() {
+    runtime_with_one_blocking_thread().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal_reading_ahead_in_small_chunks(dir.path()).await;
+        let mut replay = journal.replay("a", 1, u64::MAX, u64::MAX);
+        assert_eq!(replay.next().await.unwrap().unwrap().sequence_nr, 1);
+        // The consumer pauses with 48 events still to read: the reader stops rather than
+        // wait on the pool's only thread for it.
+        let highest =
+            tokio::time::timeout(Duration::from_secs(10), journal.highest_sequence_nr("a"))
+                .await
+                .expect("the blocking pool is free while a replay's consumer pauses")
+                .unwrap();
+        assert_eq!(highest, 50);
+        let rest: Vec<u64> = replay.map(|e| e.unwrap().sequence_nr).collect().await;
+        assert_eq!(rest, (2..=50).collect::<Vec<_>>());
+        journal.close().await;
+    });
+}
+
+#[test]
+fn replays_taking_turns_on_one_blocking_thread_each_get_every_event_in_order() {
+    runtime_with_one_blocking_thread().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal_reading_ahead_in_small_chunks(dir.path()).await;
+        // Each replay's reader finds the other's consumer behind, stops with a chunk left
+        // over and is started again once its stream takes it.
+        let mut replays = [
+            journal.replay("a", 1, u64::MAX, u64::MAX),
+            journal.replay("a", 1, u64::MAX, u64::MAX),
+        ];
+        let mut seen = [Vec::new(), Vec::new()];
+        for _ in 0..50 {
+            for (replay, seen) in replays.iter_mut().zip(seen.iter_mut()) {
+                let event = tokio::time::timeout(Duration::from_secs(10), replay.next())
+                    .await
+                    .expect("a replay whose consumer takes turns goes on")
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(event.payload, format!("a-{}", event.sequence_nr).as_bytes());
+                seen.push(event.sequence_nr);
+            }
+        }
+        for (replay, seen) in replays.iter_mut().zip(&seen) {
+            assert_eq!(seen, &(1..=50).collect::<Vec<_>>());
+            assert!(replay.next().await.is_none());
+        }
+        drop(replays);
+        journal.close().await;
+    });
+}
+
+#[test]
+fn a_runtime_holding_a_paused_replay_shuts_down() {
+    // Dropping a runtime waits for its blocking tasks: a reader waiting for a consumer that
+    // never comes back would keep it from ever finishing.
+    let (done, finished) = std::sync::mpsc::channel();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let runtime = runtime_with_one_blocking_thread();
+        let (journal, replay) = runtime.block_on(async {
+            let journal = journal_reading_ahead_in_small_chunks(&path).await;
+            let mut replay = journal.replay("a", 1, u64::MAX, u64::MAX);
+            assert_eq!(replay.next().await.unwrap().unwrap().sequence_nr, 1);
+            (journal, replay)
+        });
+        drop(runtime);
+        let _ = done.send(());
+        drop(replay);
+        let closing = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        closing.unwrap().block_on(journal.close());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the runtime shut down while a replay it started was paused");
+}
+
 #[tokio::test]
 async fn events_survive_reopening() {
     let dir = tempfile::tempdir().unwrap();

@@ -671,9 +671,14 @@ impl Cursor for PersistenceIdCursor {
 /// gives its cursor back and stops.
 type ReadAhead<C> = (Result<Chunk<<C as Cursor>::Raw>, JournalError>, bool);
 
+/// What a reader gives back when it stops: the cursor, and the chunk it read but found no
+/// room for, if it stopped because the stream was behind.
+type ReaderEnd<C> = (C, Option<ReadAhead<C>>);
+
 /// Chunks a reader keeps ready beyond the one the stream is going through. One is enough for
 /// the reader never to wait on a consumer that keeps up with it; each is at most
-/// `read_chunk_events` events.
+/// `read_chunk_events` events. A reader that finds no room stops with the chunk it read, so
+/// a stream holds at most three chunks: in hand, ready, and left over.
 const READ_AHEAD_CHUNKS: usize = 1;
 
 /// A live query's wait for the next commit; it owns the commit counter while it waits and
@@ -688,14 +693,15 @@ enum Step<C: Cursor> {
     /// A reader is to be started on the blocking pool.
     Read(C),
     /// A reader on the blocking pool reads chunk after chunk into `chunks` (see
-    /// [`read_ahead`]); `reader` gives the cursor back once it has sent its last chunk.
+    /// [`read_ahead`]); `reader` gives the cursor back once it has sent its last chunk, or
+    /// found no room for one.
     Reading {
         chunks: tokio::sync::mpsc::Receiver<ReadAhead<C>>,
-        reader: JoinHandle<C>,
+        reader: JoinHandle<ReaderEnd<C>>,
     },
     /// The reader sent `last`, its last chunk, and is giving the cursor back.
     Joining {
-        reader: JoinHandle<C>,
+        reader: JoinHandle<ReaderEnd<C>>,
         last: Chunk<C::Raw>,
     },
     /// Caught up in a live query: wait for the next commit.
@@ -724,18 +730,22 @@ struct CursorStream<C: Cursor> {
 }
 
 /// Reads chunks of `cursor` one after the other and sends them to the stream, until one is
-/// the last (caught up, at the end, or failed) or the stream is gone; returns the cursor.
+/// the last (caught up, at the end, or failed), the stream is gone, or the stream is behind:
+/// then it returns the cursor with the chunk it has no room for.
 ///
 /// The reader goes on with the next chunk while the stream goes through the previous ones:
 /// waiting for the stream to take each chunk before starting the next (a hop to the
 /// consumer's task and a new blocking task per chunk) left RocksDB idle for a tenth of a
-/// long replay (measured). A consumer slower than RocksDB keeps the reader waiting, with
-/// [`READ_AHEAD_CHUNKS`] chunks ready, until it takes them or drops the stream.
+/// long replay (measured). It never waits for the stream, though: a stream whose consumer
+/// pauses (a slow client, a projection waiting on something else) would hold a thread of
+/// the blocking pool for as long, and a few hundred of them would starve every other user
+/// of the pool. The stream starts a new reader once it takes the chunk left over.
 fn read_ahead<C: Cursor>(
     shared: &Shared,
     mut cursor: C,
     chunks: &tokio::sync::mpsc::Sender<ReadAhead<C>>,
-) -> C {
+) -> ReaderEnd<C> {
+    use tokio::sync::mpsc::error::TrySendError;
     let limit = shared.config.read_chunk_events;
     loop {
         let read = cursor.read_chunk(shared, limit);
@@ -743,8 +753,10 @@ fn read_ahead<C: Cursor>(
             Ok(chunk) => chunk.error.is_some() || chunk.caught_up || cursor.finished(),
             Err(_) => true,
         };
-        if chunks.blocking_send((read, last)).is_err() || last {
-            return cursor;
+        match chunks.try_send((read, last)) {
+            Ok(()) if !last => {}
+            Ok(()) | Err(TrySendError::Closed(_)) => return (cursor, None),
+            Err(TrySendError::Full(left_over)) => return (cursor, Some(left_over)),
         }
     }
 }
@@ -853,14 +865,23 @@ impl<C: Cursor> CursorStream<C> {
                             return Poll::Ready(Ok(true));
                         }
                     }
-                    // The reader stopped without a last chunk: it panicked.
+                    // The reader stopped without a last chunk: it found no room for the chunk
+                    // it gives back (after those sent before it), or it panicked.
                     Poll::Ready(None) => match Pin::new(&mut reader).poll(cx) {
                         Poll::Pending => {
                             self.step = Step::Reading { chunks, reader };
                             return Poll::Pending;
                         }
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(reader_failed(e))),
-                        Poll::Ready(Ok(_)) => {
+                        Poll::Ready(Ok((cursor, Some((read, _))))) => {
+                            let chunk = read?;
+                            // A new reader if the chunk was not the last, reading on while
+                            // the consumer goes through this one.
+                            self.step = self.after(cursor, &chunk);
+                            self.take(chunk);
+                            return Poll::Ready(Ok(true));
+                        }
+                        Poll::Ready(Ok((_, None))) => {
                             return Poll::Ready(Err(JournalError::Storage(
                                 "journal reader stopped".into(),
                             )));
@@ -873,7 +894,8 @@ impl<C: Cursor> CursorStream<C> {
                         return Poll::Pending;
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(reader_failed(e))),
-                    Poll::Ready(Ok(cursor)) => {
+                    Poll::Ready(Ok((cursor, left_over))) => {
+                        debug_assert!(left_over.is_none(), "a reader stops at its last chunk");
                         self.step = self.after(cursor, &last);
                         self.take(last);
                         return Poll::Ready(Ok(true));
