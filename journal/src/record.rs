@@ -454,7 +454,7 @@ impl EventDecoder {
     }
 
     /// Decodes the sealed value stored under `key` for (`persistence_id`, `sequence_nr`),
-    /// copying its payload.
+    /// with its tags, copying its payload.
     pub fn decode(
         &mut self,
         persistence_id: &SmolStr,
@@ -463,30 +463,52 @@ impl EventDecoder {
         value: &[u8],
     ) -> Result<DecodedEvent, JournalError> {
         verify_event(persistence_id, sequence_nr, key, value)?;
-        self.decode_checked(persistence_id, sequence_nr, value)
+        let mut offset = 0;
+        let mut tags = Vec::new();
+        let repr = self.decode_copying(
+            persistence_id,
+            sequence_nr,
+            value,
+            &mut offset,
+            Some(&mut tags),
+        )?;
+        Ok(DecodedEvent { offset, repr, tags })
     }
 
-    /// Decodes a sealed value whose checksum was already verified, copying its payload.
-    pub fn decode_checked(
+    /// Decodes a replayed event's sealed value, whose checksum was already verified, copying
+    /// its payload. Like [`EventDecoder::decode_shared`] it skips the tags (a replayed event
+    /// carries none), so that a record decodes alike whichever way its chunk hands out
+    /// payloads.
+    pub fn decode_copied(
         &mut self,
         persistence_id: &SmolStr,
         sequence_nr: u64,
         value: &[u8],
-    ) -> Result<DecodedEvent, JournalError> {
+    ) -> Result<PersistentRepr, JournalError> {
+        self.decode_copying(persistence_id, sequence_nr, value, &mut 0, None)
+    }
+
+    /// Decodes a sealed value whose checksum was already verified, copying its payload: see
+    /// [`EventDecoder::decode_body`] for `offset` and `tags`.
+    fn decode_copying(
+        &mut self,
+        persistence_id: &SmolStr,
+        sequence_nr: u64,
+        value: &[u8],
+        offset: &mut u64,
+        tags: Option<&mut Vec<String>>,
+    ) -> Result<PersistentRepr, JournalError> {
         let (version, body) = storage::split_sealed(value)
             .ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
-        let mut offset = 0;
-        let mut tags = Vec::new();
-        let repr = self.decode_body(
+        self.decode_body(
             persistence_id,
             sequence_nr,
             version,
             body,
             Self::copy_payload,
-            &mut offset,
-            Some(&mut tags),
-        )?;
-        Ok(DecodedEvent { offset, repr, tags })
+            offset,
+            tags,
+        )
     }
 
     /// Copies a payload into the decoder's arena.

@@ -361,8 +361,7 @@ impl Cursor for EventCursor {
             let value = raw.values.get(range).unwrap_or_default();
             decoder
                 .decoder
-                .decode_checked(persistence_id, sequence_nr, value)
-                .map(|decoded| decoded.repr)
+                .decode_copied(persistence_id, sequence_nr, value)
         };
         match decoded {
             Ok(event) => Some(event),
