@@ -795,6 +795,21 @@ mod tests {
     }
 
     #[test]
+    fn full_groups_of_one_length_match_the_crate() {
+        // Sixteen messages of one block count take a path of their own; lengths that end on
+        // a block boundary fill their last block to the end.
+        for len in [0, 1, 63, 64, 65, 127, 128, 192, 960, 1023, CHUNK_LEN] {
+            let jobs: Vec<(Vec<u8>, [u8; 32])> = (0..LANES)
+                .map(|lane| {
+                    let message = (0..len).map(|i| (i * 7 + lane * 13) as u8).collect();
+                    (message, [lane as u8 + 1; 32])
+                })
+                .collect();
+            check(&jobs);
+        }
+    }
+
+    #[test]
     fn a_partial_group_leaves_the_rest_alone() {
         for (name, hash) in implementations() {
             let mut out = [[0xaa; OUT_LEN]; 3];

@@ -850,6 +850,23 @@ mod tests {
         }
 
         #[test]
+        fn arbitrary_bodies_replay_alike_with_shared_or_copied_payloads(
+            version in 0u8..4,
+            body in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let value = storage::seal(version, b"key", &body);
+            let values = Bytes::from(value.clone());
+            let pid = SmolStr::new("pid");
+            let shared = EventDecoder::new()
+                .decode_shared(&pid, 1, &values, 0..values.len())
+                .map_err(|e| e.to_string());
+            let copied = EventDecoder::new()
+                .decode_copied(&pid, 1, &value)
+                .map_err(|e| e.to_string());
+            prop_assert_eq!(shared, copied);
+        }
+
+        #[test]
         fn arbitrary_bytes_never_panic_the_decoder(value in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = EventDecoder::new().decode(&"pid".into(), 1, b"key", &value);
         }
