@@ -663,6 +663,44 @@ fn alter_event(path: &std::path::Path, sequence_nr: u64) {
     db.put_cf(events, key, value).unwrap();
 }
 
+/// Opens the journal in `dir` with replays reading `inline_read_events` in the consumer's
+/// task and `read_chunk_events` per chunk; also names the case for assertion messages.
+async fn open_chunked(
+    dir: &std::path::Path,
+    inline_read_events: usize,
+    read_chunk_events: usize,
+) -> (RocksJournal, String) {
+    let mut config = config(dir);
+    config.inline_read_events = inline_read_events;
+    config.read_chunk_events = read_chunk_events;
+    let journal = RocksJournal::open(config).await.unwrap();
+    let case = format!("inline {inline_read_events}, chunk {read_chunk_events}");
+    (journal, case)
+}
+
+/// Chunkings of a replay of 1,000 events: small chunks hand out payloads as slices of what
+/// was read; a chunk larger than the payload arena copies them.
+const SHARED_AND_COPIED_PAYLOADS: [(usize, usize); 2] = [(128, 16), (0, 1_024)];
+
+/// Writes events 1 to 1,000 of `persistence_id` (the store's first log), then replaces event
+/// 700 by `body` sealed as a record of the current format, with a checksum that matches it.
+async fn log_with_sealed_body_at_700(dir: &std::path::Path, persistence_id: &str, body: &[u8]) {
+    let journal = open(dir).await;
+    journal
+        .append(write(persistence_id, 1, 1_000))
+        .await
+        .unwrap();
+    journal.close().await;
+    let db = open_raw(&config(dir).path);
+    let key = event_key(1, 700);
+    db.put_cf(
+        db.cf_handle("events").unwrap(),
+        key,
+        storage::seal(RECORD_FORMAT_VERSION, &key, body),
+    )
+    .unwrap();
+}
+
 #[tokio::test]
 async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -674,11 +712,8 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
 
     for inline_read_events in [0, 1, 7, 128] {
         for read_chunk_events in [1, 7, 16, 1_024] {
-            let mut config = config(dir.path());
-            config.inline_read_events = inline_read_events;
-            config.read_chunk_events = read_chunk_events;
-            let journal = RocksJournal::open(config).await.unwrap();
-            let case = format!("inline {inline_read_events}, chunk {read_chunk_events}");
+            let (journal, case) =
+                open_chunked(dir.path(), inline_read_events, read_chunk_events).await;
             let before = collect(journal.replay("alice", 1, 36, u64::MAX))
                 .await
                 .unwrap_or_else(|e| panic!("{case}: {e}"));
@@ -722,29 +757,11 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
 #[tokio::test]
 async fn a_record_that_passes_its_checksum_but_cannot_be_decoded_ends_the_replay_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = open(dir.path()).await;
-    journal.append(write("dave", 1, 1_000)).await.unwrap();
-    journal.close().await;
-    {
-        // A body of the current format cut off inside its first varint, sealed with a
-        // checksum that matches it.
-        let db = open_raw(&config(dir.path()).path);
-        let key = event_key(1, 700);
-        db.put_cf(
-            db.cf_handle("events").unwrap(),
-            key,
-            storage::seal(RECORD_FORMAT_VERSION, &key, &[0x80]),
-        )
-        .unwrap();
-    }
-    // Small chunks hand out payloads as slices of what was read; a chunk larger than the
-    // payload arena copies them: both end at the record, after every event before it.
-    for (inline_read_events, read_chunk_events) in [(128, 16), (0, 1_024)] {
-        let mut config = config(dir.path());
-        config.inline_read_events = inline_read_events;
-        config.read_chunk_events = read_chunk_events;
-        let journal = RocksJournal::open(config).await.unwrap();
-        let case = format!("inline {inline_read_events}, chunk {read_chunk_events}");
+    // A body of the current format cut off inside its first varint.
+    log_with_sealed_body_at_700(dir.path(), "dave", &[0x80]).await;
+    // Both ways of handing out payloads end at the record, after every event before it.
+    for (inline_read_events, read_chunk_events) in SHARED_AND_COPIED_PAYLOADS {
+        let (journal, case) = open_chunked(dir.path(), inline_read_events, read_chunk_events).await;
         let (ok, error) = replay_until_error(&journal, "dave", 1).await;
         assert_eq!(ok, (1..=699).collect::<Vec<_>>(), "{case}");
         assert!(
@@ -759,38 +776,21 @@ async fn a_record_that_passes_its_checksum_but_cannot_be_decoded_ends_the_replay
 #[tokio::test]
 async fn a_replayed_record_decodes_alike_whether_its_payload_is_shared_or_copied() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = open(dir.path()).await;
-    journal.append(write("erin", 1, 1_000)).await.unwrap();
-    journal.close().await;
-    {
-        // A record of the current format with one tag that is not UTF-8 (no release writes
-        // one: tags are strings), sealed with a checksum that matches it. A replay skips
-        // tags, whichever way its chunk hands out payloads.
-        let body = [
-            1, // tag count
-            5, // offset in the tag order
-            0, // timestamp_ms
-            1, // manifest version
-            1, b'w', // writer id
-            1, b'm', // manifest
-            1, 0xff, // the tag
-            b'x', // the payload
-        ];
-        let db = open_raw(&config(dir.path()).path);
-        let key = event_key(1, 700);
-        db.put_cf(
-            db.cf_handle("events").unwrap(),
-            key,
-            storage::seal(RECORD_FORMAT_VERSION, &key, &body),
-        )
-        .unwrap();
-    }
-    for (inline_read_events, read_chunk_events) in [(128, 16), (0, 1_024)] {
-        let mut config = config(dir.path());
-        config.inline_read_events = inline_read_events;
-        config.read_chunk_events = read_chunk_events;
-        let journal = RocksJournal::open(config).await.unwrap();
-        let case = format!("inline {inline_read_events}, chunk {read_chunk_events}");
+    // A record with one tag that is not UTF-8 (no release writes one: tags are strings). A
+    // replay skips tags, whichever way its chunk hands out payloads.
+    let body = [
+        1, // tag count
+        5, // offset in the tag order
+        0, // timestamp_ms
+        1, // manifest version
+        1, b'w', // writer id
+        1, b'm', // manifest
+        1, 0xff, // the tag
+        b'x', // the payload
+    ];
+    log_with_sealed_body_at_700(dir.path(), "erin", &body).await;
+    for (inline_read_events, read_chunk_events) in SHARED_AND_COPIED_PAYLOADS {
+        let (journal, case) = open_chunked(dir.path(), inline_read_events, read_chunk_events).await;
         let events = collect(journal.replay("erin", 1, u64::MAX, u64::MAX))
             .await
             .unwrap_or_else(|e| panic!("{case}: {e}"));
