@@ -675,7 +675,7 @@ type ReadAhead<C> = (Result<Chunk<<C as Cursor>::Raw>, JournalError>, bool);
 type ReaderEnd<C> = (C, Option<ReadAhead<C>>);
 
 /// Chunks a reader keeps ready beyond the one the stream is going through. One is enough for
-/// the reader never to wait on a consumer that keeps up with it; each is at most
+/// a reader to stay ahead of a consumer that keeps up with it; each is at most
 /// `read_chunk_events` events. A reader that finds no room stops with the chunk it read, so
 /// a stream holds at most three chunks: in hand, ready, and left over.
 const READ_AHEAD_CHUNKS: usize = 1;
