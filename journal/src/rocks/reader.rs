@@ -666,12 +666,11 @@ impl Cursor for PersistenceIdCursor {
     }
 }
 
-/// A chunk as a reader hands it over, and whether it is the reader's last: then the reader
-/// gives its cursor back and stops.
-type ReadAhead<C> = (Result<Chunk<<C as Cursor>::Raw>, JournalError>, bool);
+/// A chunk as a reader hands it over.
+type ReadAhead<C> = Result<Chunk<<C as Cursor>::Raw>, JournalError>;
 
-/// What a reader gives back when it stops: the cursor, and the chunk it read but found no
-/// room for, if it stopped because the stream was behind.
+/// What a reader gives back when it stops: the cursor, and the chunk it read last but did
+/// not send (its last one, or one the stream had no room for); none if the stream is gone.
 type ReaderEnd<C> = (C, Option<ReadAhead<C>>);
 
 /// Chunks a reader keeps ready beyond the one the stream is going through. One is enough for
@@ -692,16 +691,10 @@ enum Step<C: Cursor> {
     /// A reader is to be started on the blocking pool.
     Read(C),
     /// A reader on the blocking pool reads chunk after chunk into `chunks` (see
-    /// [`read_ahead`]); `reader` gives the cursor back once it has sent its last chunk, or
-    /// found no room for one.
+    /// [`read_ahead`]); `reader` gives the cursor back with the chunk it read last.
     Reading {
         chunks: tokio::sync::mpsc::Receiver<ReadAhead<C>>,
         reader: JoinHandle<ReaderEnd<C>>,
-    },
-    /// The reader sent `last`, its last chunk, and is giving the cursor back.
-    Joining {
-        reader: JoinHandle<ReaderEnd<C>>,
-        last: Chunk<C::Raw>,
     },
     /// Caught up in a live query: wait for the next commit.
     AwaitCommit {
@@ -729,8 +722,9 @@ struct CursorStream<C: Cursor> {
 }
 
 /// Reads chunks of `cursor` one after the other and sends them to the stream, until one is
-/// the last (caught up, at the end, or failed), the stream is gone, or the stream is behind:
-/// then it returns the cursor with the chunk it has no room for.
+/// the last (caught up, at the end, or failed) or the stream is behind: then it returns the
+/// cursor with that chunk, which the stream takes after the ones sent before it. It stops
+/// without one when the stream is gone.
 ///
 /// The reader goes on with the next chunk while the stream goes through the previous ones:
 /// waiting for the stream to take each chunk before starting the next (a hop to the
@@ -752,9 +746,12 @@ fn read_ahead<C: Cursor>(
             Ok(chunk) => chunk.error.is_some() || chunk.caught_up || cursor.finished(),
             Err(_) => true,
         };
-        match chunks.try_send((read, last)) {
-            Ok(()) if !last => {}
-            Ok(()) | Err(TrySendError::Closed(_)) => return (cursor, None),
+        if last {
+            return (cursor, Some(read));
+        }
+        match chunks.try_send(read) {
+            Ok(()) => {}
+            Err(TrySendError::Closed(_)) => return (cursor, None),
             Err(TrySendError::Full(left_over)) => return (cursor, Some(left_over)),
         }
     }
@@ -791,9 +788,16 @@ impl<C: Cursor> CursorStream<C> {
         let config = &self.shared.config;
         let limit = config.read_chunk_events.min(config.inline_read_events);
         let chunk = cursor.read_chunk(&self.shared, limit)?;
+        self.take_last(cursor, chunk);
+        Ok(())
+    }
+
+    /// Makes `chunk`, the last one `cursor` read, the one in hand, and sets out what follows
+    /// it (a new reader if there is more to read, reading on while the consumer goes through
+    /// this one).
+    fn take_last(&mut self, cursor: C, chunk: Chunk<C::Raw>) {
         self.step = self.after(cursor, &chunk);
         self.take(chunk);
-        Ok(())
     }
 
     /// What follows `chunk`, read last by `cursor`.
@@ -850,34 +854,21 @@ impl<C: Cursor> CursorStream<C> {
                         self.step = Step::Reading { chunks, reader };
                         return Poll::Pending;
                     }
-                    Poll::Ready(Some((read, last))) => {
-                        let chunk = read?;
-                        if last {
-                            // The reader returns right after sending its last chunk.
-                            self.step = Step::Joining {
-                                reader,
-                                last: chunk,
-                            };
-                        } else {
-                            self.step = Step::Reading { chunks, reader };
-                            self.take(chunk);
-                            return Poll::Ready(Ok(true));
-                        }
+                    Poll::Ready(Some(read)) => {
+                        self.step = Step::Reading { chunks, reader };
+                        self.take(read?);
+                        return Poll::Ready(Ok(true));
                     }
-                    // The reader stopped without a last chunk: it found no room for the chunk
-                    // it gives back (after those sent before it), or it panicked.
+                    // The reader stopped, after the chunks it sent: it gives back the cursor
+                    // with the chunk it read last, or it panicked.
                     Poll::Ready(None) => match Pin::new(&mut reader).poll(cx) {
                         Poll::Pending => {
                             self.step = Step::Reading { chunks, reader };
                             return Poll::Pending;
                         }
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(reader_failed(e))),
-                        Poll::Ready(Ok((cursor, Some((read, _))))) => {
-                            let chunk = read?;
-                            // A new reader if the chunk was not the last, reading on while
-                            // the consumer goes through this one.
-                            self.step = self.after(cursor, &chunk);
-                            self.take(chunk);
+                        Poll::Ready(Ok((cursor, Some(read)))) => {
+                            self.take_last(cursor, read?);
                             return Poll::Ready(Ok(true));
                         }
                         Poll::Ready(Ok((_, None))) => {
@@ -886,19 +877,6 @@ impl<C: Cursor> CursorStream<C> {
                             )));
                         }
                     },
-                },
-                Step::Joining { mut reader, last } => match Pin::new(&mut reader).poll(cx) {
-                    Poll::Pending => {
-                        self.step = Step::Joining { reader, last };
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(reader_failed(e))),
-                    Poll::Ready(Ok((cursor, left_over))) => {
-                        debug_assert!(left_over.is_none(), "a reader stops at its last chunk");
-                        self.step = self.after(cursor, &last);
-                        self.take(last);
-                        return Poll::Ready(Ok(true));
-                    }
                 },
                 Step::AwaitCommit { cursor, mut wait } => match wait.as_mut().poll(cx) {
                     Poll::Pending => {
