@@ -1,0 +1,1297 @@
+//! A deterministic simulation of log writers and replicas over a faulty network, with the
+//! safety checks of ARCHITECTURE §5 "Checks".
+//!
+//! Nodes each hold an in-memory replica (applying [`crate::replica::Rules`] exactly as the
+//! RocksDB store does) and run a client that appends unique values to one log through its own
+//! [`LogWriter`], starting a new writer instance whenever the last one stopped, and reading
+//! the whole log back (a replay) after every recovery. Everything — latency, loss,
+//! duplication, which node acts when, and the faults of a [`Scenario`] — comes from one seed.
+//!
+//! After the faults end and the cluster heals, a fresh writer recovers the log and reads it;
+//! then [`Simulation::check`] compares every observation with every outcome:
+//! no two values at one sequence number; no value at two; no gaps; every acknowledged value
+//! in the final log; any two replays prefixes of one another; a replay that began after an
+//! acknowledgement contains it; no value whose write was refused (not applied) anywhere; and
+//! no replica's promise ever going down.
+
+use crate::configuration::{Quorums, ReplicaId};
+use crate::epoch::{Epoch, Position};
+use crate::message::{Entry, LogSummary, Request, Response};
+use crate::placement::Ring;
+use crate::replica::{Decision, EntryEpochs, LogMeta, Mutation, Reply, Rules, Sabotage};
+use crate::writer::{LogWriter, Outcome, Output, Placement, RequestId, Target, WriterSettings};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::time::{Duration, Instant};
+use tessera_cluster::Address;
+
+/// The simulated log's id (placement hashes it).
+pub const LOG_ID: &str = "account|sim";
+
+/// A replica's store of the one log, in memory.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryLog {
+    pub meta: Option<LogMeta>,
+    pub entries: BTreeMap<u64, Entry<u64>>,
+}
+
+impl EntryEpochs for MemoryLog {
+    fn epoch_at(&self, seq: u64) -> Option<Epoch> {
+        self.entries.get(&seq).map(|e| e.epoch)
+    }
+}
+
+impl MemoryLog {
+    /// Applies a decision: the meta, then the entry mutations, as one atomic write.
+    pub fn apply(&mut self, decision: Decision<u64>) -> Reply {
+        if let Some(meta) = decision.meta {
+            self.meta = Some(meta);
+        }
+        for mutation in decision.mutations {
+            match mutation {
+                Mutation::TruncateFrom(seq) => {
+                    self.entries.split_off(&seq);
+                }
+                Mutation::Put(entry) => {
+                    self.entries.insert(entry.seq, entry);
+                }
+                Mutation::Reseal { seq, epoch } => {
+                    if let Some(entry) = self.entries.get_mut(&seq) {
+                        entry.epoch = epoch;
+                    }
+                }
+                Mutation::DeleteTo(seq) => {
+                    self.entries = self.entries.split_off(&(seq.saturating_add(1)));
+                }
+            }
+        }
+        decision.reply
+    }
+
+    fn summary(&self) -> Option<LogSummary> {
+        self.meta.as_ref().map(|m| m.summary())
+    }
+
+    /// Answers one request, as a replica service does.
+    pub fn handle(
+        &mut self,
+        rules: &Rules,
+        request: Request<u64>,
+        max_tail: usize,
+    ) -> Response<u64> {
+        let meta = self.meta.clone();
+        let decision = match request {
+            Request::Locate => {
+                return Response::Located {
+                    storage_id: 0,
+                    summary: self.summary(),
+                };
+            }
+            Request::Read {
+                from,
+                to,
+                max_entries,
+            } => {
+                let summary = self.summary().unwrap_or(LogSummary {
+                    promise: Epoch::ZERO,
+                    last: Position::START,
+                    lac: 0,
+                    base: Position::START,
+                    config: None,
+                });
+                let entries = self
+                    .entries
+                    .range(from..=to)
+                    .take(max_entries as usize)
+                    .map(|(_, e)| e.clone())
+                    .collect();
+                return Response::Entries { entries, summary };
+            }
+            Request::Prepare { epoch } => rules.prepare(meta.as_ref(), epoch),
+            Request::Append {
+                epoch,
+                prev,
+                entries,
+                lac,
+                config,
+            } => rules.append(meta.as_ref(), self, epoch, prev, entries, lac, config),
+            Request::Seal { epoch, at, config } => {
+                rules.seal(meta.as_ref(), self, epoch, at, config)
+            }
+            Request::Install {
+                epoch,
+                base,
+                config,
+            } => rules.install(meta.as_ref(), epoch, base, config),
+            Request::DeleteTo { epoch, to } => rules.delete_to(meta.as_ref(), self, epoch, to),
+        };
+        let reply = self.apply(decision);
+        let summary = self
+            .summary()
+            .unwrap_or_else(|| LogMeta::default().summary());
+        match reply {
+            Reply::Promised => {
+                let tail: Vec<Entry<u64>> = self
+                    .entries
+                    .range(summary.lac.saturating_add(1)..)
+                    .take(max_tail + 1)
+                    .map(|(_, e)| e.clone())
+                    .collect();
+                let complete = tail.len() <= max_tail;
+                Response::Promised {
+                    summary,
+                    tail: tail.into_iter().take(max_tail).collect(),
+                    tail_complete: complete,
+                }
+            }
+            Reply::Appended => Response::Appended { summary },
+            Reply::Sealed => Response::Sealed { summary },
+            Reply::Installed => Response::Installed { summary },
+            Reply::Deleted => Response::Deleted { summary },
+            Reply::Fenced(promise) => Response::Fenced { promise },
+            Reply::Mismatch => Response::Mismatch { summary },
+            Reply::Invalid(reason) => Response::Invalid { reason },
+        }
+    }
+}
+
+/// The faults of one simulated run. Times are offsets from the start.
+#[derive(Clone, Debug, Default)]
+pub struct Scenario {
+    pub name: &'static str,
+    /// Nodes in the cluster at the start (each holds a replica and runs a client).
+    pub nodes: usize,
+    /// Extra nodes that join the cluster during the run (at `joins`).
+    pub spare_nodes: usize,
+    /// Which nodes run clients (writers); empty: all cluster nodes.
+    pub writers: Vec<usize>,
+    pub quorums: Option<Quorums>,
+    /// One-way latency range in ms.
+    pub latency_ms: (u64, u64),
+    pub drop_probability: f64,
+    pub duplicate_probability: f64,
+    /// Faults at random times in the fault window, drawn per seed.
+    pub faults: Vec<FaultKind>,
+    /// How long the faulty part of the run lasts.
+    pub duration: Duration,
+    /// Mean time between a client's appends.
+    pub append_interval: Duration,
+    /// Probability that a client's operation is a delete of the acknowledged prefix.
+    pub delete_probability: f64,
+    /// Deliberately broken replica rules (to show the checks catch it).
+    pub sabotage: Sabotage,
+}
+
+/// A fault the scenario injects, at a random moment, for a random time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// A node's writer process dies: its writer and in-flight operations vanish; a new
+    /// instance starts later.
+    CrashWriter,
+    /// A node's replica stops answering for a while, then comes back with its data.
+    CrashReplica,
+    /// A node's replica loses its disk: it comes back empty, under a new storage id.
+    WipeReplica,
+    /// The cluster splits into two sides (one node against the rest) for a while.
+    PartitionOneFromRest,
+    /// Every node is cut from every other for a while.
+    PartitionAll,
+    /// A node's whole process pauses (SIGSTOP), long enough for another writer to take over,
+    /// then resumes with its stale state.
+    Pause,
+    /// A node leaves the cluster for good (its replica keeps running and answering) and a
+    /// spare node joins: writers move the log off it.
+    ReplaceMember,
+}
+
+/// One observation of the log: a replay after a recovery.
+#[derive(Clone, Debug)]
+pub struct Replay {
+    pub node: usize,
+    /// When the recovery that produced it started.
+    pub started: Instant,
+    /// `(seq, value)` in order.
+    pub entries: Vec<(u64, u64)>,
+    /// Entries up to here were deleted when it was read.
+    pub base: u64,
+}
+
+/// What became of one append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fate {
+    Pending,
+    Acknowledged(Instant),
+    NotApplied,
+    Unknown,
+}
+
+#[derive(Clone, Debug)]
+pub struct Write {
+    pub node: usize,
+    pub seq: u64,
+    pub fate: Fate,
+}
+
+/// What the checks found wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation(pub String);
+
+#[derive(Debug)]
+enum Event {
+    /// A request reaches a replica.
+    Request {
+        from: usize,
+        incarnation: u64,
+        id: RequestId,
+        to: usize,
+        target: Target,
+        request: Request<u64>,
+    },
+    /// An answer reaches a writer (or a reader, for ids at or above `READ_IDS`).
+    Answer {
+        from: usize,
+        to: usize,
+        incarnation: u64,
+        id: RequestId,
+        answer: Answer,
+    },
+    Tick,
+    ClientWants(usize),
+    FaultStart(FaultKind),
+    Heal(Heal),
+    Resume(usize),
+}
+
+#[derive(Debug, Clone)]
+enum Answer {
+    Response(Response<u64>),
+    WrongStorage,
+}
+
+#[derive(Debug)]
+enum Heal {
+    Replica(usize),
+    Partition,
+    Writer(usize),
+}
+
+/// Reader request ids start here, so they never meet a writer's.
+const READ_IDS: u64 = 1 << 62;
+const TICK: Duration = Duration::from_millis(10);
+
+struct Reader {
+    id: RequestId,
+    source: ReplicaId,
+    highest: u64,
+    next: u64,
+    entries: Vec<(u64, u64)>,
+    base: u64,
+    started: Instant,
+}
+
+struct Client {
+    writer: Option<LogWriter<u64>>,
+    incarnation: u64,
+    /// The next sequence number this client appends at (known once its writer serves).
+    next_seq: Option<u64>,
+    /// op id → value of its outstanding operations.
+    outstanding: BTreeMap<u64, u64>,
+    reader: Option<Reader>,
+    writer_started: Instant,
+    crashed: bool,
+    restart_after: Option<Instant>,
+}
+
+struct Node {
+    address: Address,
+    storage_id: u64,
+    log: MemoryLog,
+    down: bool,
+    paused_until: Option<Instant>,
+    client: Client,
+    highest_promise: Epoch,
+}
+
+/// A simulated run.
+pub struct Simulation {
+    scenario: Scenario,
+    seed: u64,
+    rng: SmallRng,
+    start: Instant,
+    now: Instant,
+    rules: Rules,
+    settings: WriterSettings,
+    nodes: Vec<Node>,
+    /// Nodes in the cluster (their order is the membership).
+    members: BTreeSet<usize>,
+    /// Nodes that may still join.
+    spares: Vec<usize>,
+    /// The placement each node sees, rebuilt when membership changes.
+    placements: Vec<Placement>,
+    cut: BTreeSet<(usize, usize)>,
+    queue: BinaryHeap<Reverse<(Instant, u64)>>,
+    events: BTreeMap<u64, Event>,
+    next_event: u64,
+    next_value: u64,
+    next_op: u64,
+    pub writes: BTreeMap<u64, Write>,
+    pub replays: Vec<Replay>,
+    pub violations: Vec<Violation>,
+    /// The final log read after healing.
+    pub final_log: Option<Vec<(u64, u64)>>,
+    pub final_base: u64,
+    pub stats: Stats,
+    /// A line per message and fault when tracing is on (for reading a failing seed).
+    pub trace: Option<Vec<String>>,
+}
+
+/// Counters of a run, to see that a scenario exercised what it says.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub acknowledged: u64,
+    pub not_applied: u64,
+    pub unknown: u64,
+    pub recoveries: u64,
+    pub fenced: u64,
+    pub messages: u64,
+    pub dropped: u64,
+    pub reconfigurations: u64,
+    /// The configuration version the log ended with (summed over seeds in the tests).
+    pub final_config_version: u64,
+}
+
+impl Simulation {
+    pub fn new(scenario: Scenario, seed: u64) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let start = Instant::now();
+        let total = scenario.nodes + scenario.spare_nodes;
+        let nodes = (0..total)
+            .map(|i| Node {
+                address: Address::new("10.0.0.1", 7000 + i as u16),
+                storage_id: rng.random(),
+                log: MemoryLog::default(),
+                down: false,
+                paused_until: None,
+                client: Client {
+                    writer: None,
+                    incarnation: 0,
+                    next_seq: None,
+                    outstanding: BTreeMap::new(),
+                    reader: None,
+                    writer_started: start,
+                    crashed: false,
+                    restart_after: None,
+                },
+                highest_promise: Epoch::ZERO,
+            })
+            .collect();
+        let settings = WriterSettings {
+            quorums: scenario.quorums.unwrap_or_default(),
+            request_timeout: Duration::from_millis(300),
+            retry_interval: Duration::from_millis(50),
+            recovery_timeout: Duration::from_secs(3),
+            operation_timeout: Duration::from_secs(1),
+            max_entries_per_request: 7,
+            max_buffered_entries: 16,
+            max_queued_operations: 8,
+            max_recovery_attempts: 6,
+        };
+        let rules = Rules {
+            sabotage: scenario.sabotage,
+        };
+        let mut sim = Simulation {
+            members: (0..scenario.nodes).collect(),
+            spares: (scenario.nodes..total).collect(),
+            placements: Vec::new(),
+            scenario,
+            seed,
+            rng,
+            start,
+            now: start,
+            rules,
+            settings,
+            nodes,
+            cut: BTreeSet::new(),
+            queue: BinaryHeap::new(),
+            events: BTreeMap::new(),
+            next_event: 0,
+            next_value: 1,
+            next_op: 1,
+            writes: BTreeMap::new(),
+            replays: Vec::new(),
+            violations: Vec::new(),
+            final_log: None,
+            final_base: 0,
+            stats: Stats::default(),
+            trace: None,
+        };
+        sim.rebuild_placements();
+        sim.schedule(TICK, Event::Tick);
+        for node in sim.writer_nodes() {
+            let delay = Duration::from_millis(sim.rng.random_range(0..50));
+            sim.schedule(delay, Event::ClientWants(node));
+        }
+        let faults = sim.scenario.faults.clone();
+        for fault in faults {
+            let window = sim.scenario.duration.as_millis() as u64;
+            let at = Duration::from_millis(sim.rng.random_range(window / 10..window * 7 / 10));
+            sim.schedule(at, Event::FaultStart(fault));
+        }
+        sim
+    }
+
+    fn writer_nodes(&self) -> Vec<usize> {
+        if self.scenario.writers.is_empty() {
+            (0..self.scenario.nodes).collect()
+        } else {
+            self.scenario.writers.clone()
+        }
+    }
+
+    fn schedule(&mut self, after: Duration, event: Event) {
+        let id = self.next_event;
+        self.next_event += 1;
+        self.queue.push(Reverse((self.now + after, id)));
+        self.events.insert(id, event);
+    }
+
+    /// Records every message and fault from now on, in `trace`.
+    pub fn enable_trace(&mut self) {
+        self.trace = Some(Vec::new());
+    }
+
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if let Some(trace) = self.trace.as_mut() {
+            let ms = self.now.duration_since(self.start).as_millis();
+            trace.push(format!("{ms:>6} {}", line()));
+        }
+    }
+
+    fn violation(&mut self, text: String) {
+        self.violations
+            .push(Violation(format!("seed {}: {text}", self.seed)));
+    }
+
+    fn rebuild_placements(&mut self) {
+        let members: Vec<Address> = self
+            .members
+            .iter()
+            .map(|&i| self.nodes[i].address.clone())
+            .collect();
+        let preference = Ring::new(members.clone()).preference(LOG_ID);
+        self.placements = self
+            .nodes
+            .iter()
+            .map(|node| Placement {
+                preference: preference.clone(),
+                members: members.clone(),
+                converged: true,
+                local: Some(node.address.clone()),
+            })
+            .collect();
+    }
+
+    fn placement_for(&self, node: usize) -> Placement {
+        self.placements[node].clone()
+    }
+
+    fn node_at(&self, address: &Address) -> Option<usize> {
+        self.nodes.iter().position(|n| &n.address == address)
+    }
+
+    fn latency(&mut self) -> Duration {
+        let (lo, hi) = self.scenario.latency_ms;
+        Duration::from_millis(self.rng.random_range(lo..=hi.max(lo)))
+    }
+
+    /// Runs the faulty part, heals, settles, and reads the final log.
+    pub fn run(&mut self) {
+        let end = self.start + self.scenario.duration;
+        self.run_until(end, true);
+        // Heal everything.
+        self.cut.clear();
+        for i in 0..self.nodes.len() {
+            self.nodes[i].down = false;
+            self.nodes[i].paused_until = None;
+        }
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].client.crashed {
+                self.nodes[i].client.crashed = false;
+            }
+        }
+        self.scenario.drop_probability = 0.0;
+        self.scenario.duplicate_probability = 0.0;
+        let settle = self.now + Duration::from_secs(6);
+        self.run_until(settle, false);
+        self.audit();
+    }
+
+    fn run_until(&mut self, end: Instant, clients_act: bool) {
+        while let Some(Reverse((at, id))) = self.queue.peek().copied() {
+            if at > end {
+                break;
+            }
+            self.queue.pop();
+            self.now = at;
+            let Some(event) = self.events.remove(&id) else {
+                continue;
+            };
+            self.step(event, clients_act);
+        }
+        self.now = end;
+    }
+
+    fn paused(&self, node: usize) -> Option<Instant> {
+        self.nodes[node]
+            .paused_until
+            .filter(|until| *until > self.now)
+    }
+
+    fn step(&mut self, event: Event, clients_act: bool) {
+        match event {
+            Event::Tick => {
+                for node in 0..self.nodes.len() {
+                    if self.paused(node).is_some() {
+                        continue;
+                    }
+                    self.tick_client(node, clients_act);
+                }
+                self.schedule(TICK, Event::Tick);
+            }
+            Event::ClientWants(node) => {
+                if clients_act {
+                    if let Some(until) = self.paused(node) {
+                        let after = until - self.now + Duration::from_millis(1);
+                        self.schedule(after, Event::ClientWants(node));
+                        return;
+                    }
+                    self.client_acts(node);
+                    let mean = self.scenario.append_interval.as_millis() as u64;
+                    let after =
+                        Duration::from_millis(self.rng.random_range(mean / 2..=mean * 3 / 2));
+                    self.schedule(after, Event::ClientWants(node));
+                }
+            }
+            Event::Request {
+                from,
+                incarnation,
+                id,
+                to,
+                target,
+                request,
+            } => self.deliver_request(from, incarnation, id, to, target, request),
+            Event::Answer {
+                from,
+                to,
+                incarnation,
+                id,
+                answer,
+            } => {
+                if let Some(until) = self.paused(to) {
+                    // A paused process reads its socket when it resumes.
+                    let after =
+                        until - self.now + Duration::from_millis(self.rng.random_range(0..5));
+                    self.schedule(
+                        after,
+                        Event::Answer {
+                            from,
+                            to,
+                            incarnation,
+                            id,
+                            answer,
+                        },
+                    );
+                    return;
+                }
+                if self.cut.contains(&(from, to)) {
+                    self.stats.dropped += 1;
+                    return;
+                }
+                self.deliver_answer(to, incarnation, id, answer);
+            }
+            Event::FaultStart(kind) => self.start_fault(kind),
+            Event::Heal(heal) => {
+                self.note(|| format!("HEAL {heal:?}"));
+                match heal {
+                    Heal::Replica(node) => self.nodes[node].down = false,
+                    Heal::Partition => self.cut.clear(),
+                    Heal::Writer(node) => self.nodes[node].client.crashed = false,
+                }
+            }
+            Event::Resume(node) => {
+                self.nodes[node].paused_until = None;
+            }
+        }
+    }
+
+    fn start_fault(&mut self, kind: FaultKind) {
+        self.note(|| format!("FAULT {kind:?}"));
+        let members: Vec<usize> = self.members.iter().copied().collect();
+        let pick = |rng: &mut SmallRng| members[rng.random_range(0..members.len())];
+        let how_long = Duration::from_millis(self.rng.random_range(300..1_500));
+        match kind {
+            FaultKind::CrashWriter => {
+                let node = pick(&mut self.rng);
+                self.crash_client(node);
+                self.schedule(how_long, Event::Heal(Heal::Writer(node)));
+            }
+            FaultKind::CrashReplica => {
+                let node = pick(&mut self.rng);
+                self.nodes[node].down = true;
+                self.schedule(how_long, Event::Heal(Heal::Replica(node)));
+            }
+            FaultKind::WipeReplica => {
+                let node = pick(&mut self.rng);
+                self.nodes[node].down = true;
+                self.nodes[node].log = MemoryLog::default();
+                self.nodes[node].storage_id = self.rng.random();
+                self.nodes[node].highest_promise = Epoch::ZERO;
+                self.schedule(how_long, Event::Heal(Heal::Replica(node)));
+            }
+            FaultKind::PartitionOneFromRest => {
+                let alone = pick(&mut self.rng);
+                for other in 0..self.nodes.len() {
+                    if other != alone {
+                        self.cut.insert((alone, other));
+                        self.cut.insert((other, alone));
+                    }
+                }
+                self.schedule(how_long * 2, Event::Heal(Heal::Partition));
+            }
+            FaultKind::PartitionAll => {
+                for a in 0..self.nodes.len() {
+                    for b in 0..self.nodes.len() {
+                        if a != b {
+                            self.cut.insert((a, b));
+                        }
+                    }
+                }
+                self.schedule(how_long, Event::Heal(Heal::Partition));
+            }
+            FaultKind::Pause => {
+                let node = pick(&mut self.rng);
+                let until = self.now + how_long * 2;
+                self.nodes[node].paused_until = Some(until);
+                self.schedule(how_long * 2, Event::Resume(node));
+            }
+            FaultKind::ReplaceMember => {
+                let Some(spare) = self.spares.pop() else {
+                    return;
+                };
+                let leaving = pick(&mut self.rng);
+                self.members.remove(&leaving);
+                self.members.insert(spare);
+                self.rebuild_placements();
+                self.stats.reconfigurations += 1;
+                // Its client stops too (a removed node hosts nothing); its replica keeps
+                // answering, as a downed node that still runs would.
+                self.crash_client(leaving);
+                self.nodes[leaving].client.restart_after =
+                    Some(self.now + Duration::from_secs(3600));
+                for node in 0..self.nodes.len() {
+                    let placement = self.placement_for(node);
+                    if let Some(writer) = self.nodes[node].client.writer.as_mut() {
+                        writer.placement_changed(placement, self.now);
+                    }
+                    self.flush(node);
+                }
+            }
+        }
+    }
+
+    fn crash_client(&mut self, node: usize) {
+        let client = &mut self.nodes[node].client;
+        client.writer = None;
+        client.reader = None;
+        client.crashed = true;
+        client.next_seq = None;
+        let lost: Vec<u64> = std::mem::take(&mut client.outstanding)
+            .into_values()
+            .collect();
+        for value in lost {
+            if let Some(write) = self.writes.get_mut(&value)
+                && write.fate == Fate::Pending
+            {
+                write.fate = Fate::Unknown;
+                self.stats.unknown += 1;
+            }
+        }
+    }
+
+    fn tick_client(&mut self, node: usize, clients_act: bool) {
+        if self.nodes[node].client.crashed {
+            return;
+        }
+        let now = self.now;
+        if let Some(writer) = self.nodes[node].client.writer.as_mut() {
+            writer.tick(now);
+        }
+        self.flush(node);
+        let stopped = self.nodes[node]
+            .client
+            .writer
+            .as_ref()
+            .is_some_and(|w| w.is_stopped());
+        if stopped {
+            self.nodes[node].client.writer = None;
+            self.nodes[node].client.next_seq = None;
+            self.nodes[node].client.reader = None;
+            let backoff = Duration::from_millis(self.rng.random_range(20..200));
+            self.nodes[node].client.restart_after = Some(self.now + backoff);
+        }
+        let _ = clients_act;
+    }
+
+    /// The client's turn: start a writer if it has none, or append the next value.
+    fn client_acts(&mut self, node: usize) {
+        if !self.members.contains(&node) || self.nodes[node].client.crashed {
+            return;
+        }
+        if self.nodes[node].client.writer.is_none() {
+            if self.nodes[node]
+                .client
+                .restart_after
+                .is_some_and(|at| at > self.now)
+            {
+                return;
+            }
+            self.start_writer(node);
+            return;
+        }
+        // Like an entity, a client acts only once its replay is done.
+        if self.nodes[node].client.reader.is_some() {
+            return;
+        }
+        let Some(seq) = self.nodes[node].client.next_seq else {
+            return;
+        };
+        if self.nodes[node].client.outstanding.len() >= 2 {
+            return;
+        }
+        let op = self.next_op;
+        self.next_op += 1;
+        let delete = self.rng.random_bool(self.scenario.delete_probability);
+        let now = self.now;
+        if delete {
+            let to = seq.saturating_sub(self.rng.random_range(1..5));
+            if let Some(writer) = self.nodes[node].client.writer.as_mut() {
+                writer.delete_to(op, to, now);
+            }
+        } else {
+            let value = self.next_value;
+            self.next_value += 1;
+            self.writes.insert(
+                value,
+                Write {
+                    node,
+                    seq,
+                    fate: Fate::Pending,
+                },
+            );
+            self.note(|| format!("n{node} op {op}: append value {value} at {seq}"));
+            let client = &mut self.nodes[node].client;
+            client.outstanding.insert(op, value);
+            client.next_seq = Some(seq + 1);
+            if let Some(writer) = client.writer.as_mut() {
+                writer.append(op, seq, vec![value], now);
+            }
+        }
+        self.flush(node);
+    }
+
+    fn start_writer(&mut self, node: usize) {
+        let placement = self.placement_for(node);
+        let known = self.nodes[node]
+            .log
+            .meta
+            .as_ref()
+            .and_then(|m| m.config.clone());
+        // Half the writers start from their own replica's configuration, half locate.
+        let known = if self.rng.random_bool(0.5) {
+            known
+        } else {
+            None
+        };
+        let writer_id: u64 = self.rng.random();
+        let client = &mut self.nodes[node].client;
+        client.incarnation += 1;
+        client.writer_started = self.now;
+        client.writer = Some(LogWriter::new(
+            self.settings.clone(),
+            writer_id,
+            placement,
+            known,
+            self.now,
+        ));
+        self.stats.recoveries += 1;
+        self.flush(node);
+    }
+
+    /// Sends what the node's writer produced and records its outcomes.
+    fn flush(&mut self, node: usize) {
+        let outputs = match self.nodes[node].client.writer.as_mut() {
+            Some(writer) => writer.take_outputs(),
+            None => return,
+        };
+        let incarnation = self.nodes[node].client.incarnation;
+        for output in outputs {
+            match output {
+                Output::Send { id, to, request } => {
+                    self.send_request(node, incarnation, id, to, request);
+                }
+                Output::Ready { highest } => {
+                    self.note(|| format!("n{node}#{incarnation} READY highest {highest}"));
+                    self.nodes[node].client.next_seq = Some(highest + 1);
+                    self.start_reader(node, highest);
+                }
+                Output::Completed { op, outcome } => {
+                    self.note(|| format!("n{node}#{incarnation} op {op}: {outcome:?}"));
+                    self.completed(node, op, outcome)
+                }
+                Output::Stopped(reason) => {
+                    self.note(|| format!("n{node}#{incarnation} STOPPED {reason}"));
+                    if matches!(reason, crate::writer::StopReason::Fenced { .. }) {
+                        self.stats.fenced += 1;
+                    }
+                    if matches!(reason, crate::writer::StopReason::Inconsistent(_)) {
+                        self.violation(format!("writer on node {node} stopped: {reason}"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn completed(&mut self, node: usize, op: u64, outcome: Outcome) {
+        let Some(value) = self.nodes[node].client.outstanding.remove(&op) else {
+            return;
+        };
+        let Some(write) = self.writes.get_mut(&value) else {
+            return;
+        };
+        write.fate = match outcome {
+            Outcome::Acknowledged => {
+                self.stats.acknowledged += 1;
+                Fate::Acknowledged(self.now)
+            }
+            Outcome::NotApplied(_) => {
+                self.stats.not_applied += 1;
+                Fate::NotApplied
+            }
+            Outcome::Unknown(_) => {
+                self.stats.unknown += 1;
+                Fate::Unknown
+            }
+        };
+        if !matches!(write.fate, Fate::Acknowledged(_)) {
+            // The client's view of the next sequence number is no longer reliable.
+            self.nodes[node].client.next_seq = None;
+        }
+    }
+
+    fn send_request(
+        &mut self,
+        from: usize,
+        incarnation: u64,
+        id: RequestId,
+        target: Target,
+        request: Request<u64>,
+    ) {
+        self.stats.messages += 1;
+        let Some(to) = self.node_at(target.address()) else {
+            return;
+        };
+        if self.rng.random_bool(self.scenario.drop_probability) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let copies = if self.rng.random_bool(self.scenario.duplicate_probability) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = self.latency();
+            self.schedule(
+                delay,
+                Event::Request {
+                    from,
+                    incarnation,
+                    id,
+                    to,
+                    target: target.clone(),
+                    request: request.clone(),
+                },
+            );
+        }
+    }
+
+    fn deliver_request(
+        &mut self,
+        from: usize,
+        incarnation: u64,
+        id: RequestId,
+        to: usize,
+        target: Target,
+        request: Request<u64>,
+    ) {
+        if self.cut.contains(&(from, to)) || self.nodes[to].down {
+            self.stats.dropped += 1;
+            return;
+        }
+        if let Some(until) = self.paused(to) {
+            let after = until - self.now + Duration::from_millis(self.rng.random_range(0..5));
+            self.schedule(
+                after,
+                Event::Request {
+                    from,
+                    incarnation,
+                    id,
+                    to,
+                    target,
+                    request,
+                },
+            );
+            return;
+        }
+        let storage_id = self.nodes[to].storage_id;
+        let shown = if self.trace.is_some() {
+            format!("{request:?}")
+        } else {
+            String::new()
+        };
+        let answer = match &target {
+            Target::Replica(replica) if replica.storage_id != storage_id => Answer::WrongStorage,
+            _ => {
+                let rules = self.rules;
+                let mut response = self.nodes[to].log.handle(&rules, request, 5);
+                if let Response::Located { storage_id: s, .. } = &mut response {
+                    *s = storage_id;
+                }
+                self.check_promise(to);
+                Answer::Response(response)
+            }
+        };
+        self.note(|| {
+            format!("n{from}#{incarnation} -> n{to} [{id}] {shown}\n         => {answer:?}")
+        });
+        if self.rng.random_bool(self.scenario.drop_probability) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let delay = self.latency();
+        self.schedule(
+            delay,
+            Event::Answer {
+                from: to,
+                to: from,
+                incarnation,
+                id,
+                answer,
+            },
+        );
+    }
+
+    fn check_promise(&mut self, node: usize) {
+        let promise = self.nodes[node]
+            .log
+            .meta
+            .as_ref()
+            .map_or(Epoch::ZERO, |m| m.promise);
+        if promise < self.nodes[node].highest_promise && !self.rules.sabotage.no_fence {
+            self.violation(format!(
+                "the promise of node {node} went down from {} to {promise}",
+                self.nodes[node].highest_promise
+            ));
+        }
+        self.nodes[node].highest_promise = self.nodes[node].highest_promise.max(promise);
+    }
+
+    fn deliver_answer(&mut self, node: usize, incarnation: u64, id: RequestId, answer: Answer) {
+        let client = &self.nodes[node].client;
+        if client.incarnation != incarnation || client.crashed {
+            return;
+        }
+        if id >= READ_IDS {
+            self.reader_answer(node, id, answer);
+            return;
+        }
+        let now = self.now;
+        let Some(writer) = self.nodes[node].client.writer.as_mut() else {
+            return;
+        };
+        match answer {
+            Answer::Response(response) => writer.on_response(id, response, now),
+            Answer::WrongStorage => writer.on_wrong_storage(id, now),
+        }
+        self.flush(node);
+    }
+
+    fn start_reader(&mut self, node: usize, highest: u64) {
+        let sources = self.nodes[node]
+            .client
+            .writer
+            .as_ref()
+            .map(|w| w.read_sources())
+            .unwrap_or_default();
+        let Some(source) = sources.first().cloned() else {
+            return;
+        };
+        let started = self.nodes[node].client.writer_started;
+        self.nodes[node].client.reader = Some(Reader {
+            id: READ_IDS,
+            source,
+            highest,
+            next: 1,
+            entries: Vec::new(),
+            base: 0,
+            started,
+        });
+        self.read_next(node);
+    }
+
+    fn read_next(&mut self, node: usize) {
+        let incarnation = self.nodes[node].client.incarnation;
+        let Some(reader) = self.nodes[node].client.reader.as_mut() else {
+            return;
+        };
+        if reader.next > reader.highest {
+            let reader = self.nodes[node]
+                .client
+                .reader
+                .take()
+                .expect("reader present");
+            self.replays.push(Replay {
+                node,
+                started: reader.started,
+                entries: reader.entries,
+                base: reader.base,
+            });
+            return;
+        }
+        reader.id += 1;
+        let (id, source) = (reader.id, reader.source.clone());
+        let request = Request::Read {
+            from: reader.next,
+            to: reader.highest,
+            max_entries: 5,
+        };
+        self.send_request(node, incarnation, id, Target::Replica(source), request);
+    }
+
+    fn reader_answer(&mut self, node: usize, id: RequestId, answer: Answer) {
+        let Some(reader) = self.nodes[node].client.reader.as_mut() else {
+            return;
+        };
+        if reader.id != id {
+            return;
+        }
+        match answer {
+            Answer::Response(Response::Entries { entries, summary }) => {
+                if reader.next <= summary.base.seq {
+                    // Deleted at the source: the replay starts after the deleted prefix.
+                    reader.next = summary.base.seq + 1;
+                    reader.base = summary.base.seq;
+                }
+                for entry in entries {
+                    if entry.seq == reader.next && entry.seq <= reader.highest {
+                        reader.entries.push((entry.seq, entry.payload));
+                        reader.next += 1;
+                    }
+                }
+                self.read_next(node);
+            }
+            _ => {
+                // The source failed; this replay is given up (a later one will be made).
+                self.nodes[node].client.reader = None;
+            }
+        }
+    }
+
+    /// After healing: a fresh writer on a member recovers the log and reads all of it.
+    fn audit(&mut self) {
+        let Some(&node) = self.members.iter().next() else {
+            return;
+        };
+        // Make sure nothing is paused or pending, and drive the auditor alone.
+        for i in 0..self.nodes.len() {
+            self.crash_client(i);
+            self.nodes[i].client.crashed = false;
+            self.nodes[i].client.restart_after = Some(self.now + Duration::from_secs(3600));
+        }
+        self.start_writer(node);
+        let deadline = self.now + Duration::from_secs(10);
+        let replays_before = self.replays.len();
+        while self.now < deadline {
+            let next = self.now + TICK;
+            self.run_until(next, false);
+            if self.replays.len() > replays_before {
+                break;
+            }
+            // A read that failed (its source answered late or not at all) is tried again.
+            let client = &self.nodes[node].client;
+            let highest = client.writer.as_ref().and_then(|w| w.highest());
+            if let (None, Some(highest)) = (&client.reader, highest) {
+                self.start_reader(node, highest);
+            }
+        }
+        match self.replays.get(replays_before) {
+            Some(replay) => {
+                self.final_base = replay.base;
+                self.final_log = Some(replay.entries.clone());
+                self.check_placement(node);
+            }
+            None => {
+                let status = self.nodes[node]
+                    .client
+                    .writer
+                    .as_ref()
+                    .map(|w| format!("{:?}", w.status()));
+                self.violation(format!(
+                    "after healing, a fresh writer could not recover and read the log \
+                     (writer: {status:?})"
+                ));
+            }
+        }
+    }
+
+    /// After healing, a serving writer moves the log onto live replicas within bounded time:
+    /// its configuration must end up with N members, each a current member with its current
+    /// store.
+    fn check_placement(&mut self, node: usize) {
+        let deadline = self.now + Duration::from_secs(5);
+        let wanted = self
+            .settings
+            .quorums
+            .replication_factor()
+            .min(self.members.len());
+        let live: BTreeSet<ReplicaId> = self
+            .members
+            .iter()
+            .map(|&i| ReplicaId::new(self.nodes[i].address.clone(), self.nodes[i].storage_id))
+            .collect();
+        let mut config = None;
+        while self.now < deadline {
+            let next = self.now + TICK;
+            self.run_until(next, false);
+            config = self.nodes[node]
+                .client
+                .writer
+                .as_ref()
+                .and_then(|w| w.status().config);
+            if let Some(c) = &config
+                && !c.is_joint()
+                && c.members.len() == wanted
+                && c.members.iter().all(|m| live.contains(m))
+            {
+                self.stats.final_config_version = c.version;
+                return;
+            }
+        }
+        self.violation(format!(
+            "5 s after healing the log is still not on {wanted} live replicas: {config:?}"
+        ));
+    }
+
+    /// Compares all observations with all outcomes; returns every violation found.
+    pub fn check(&mut self) -> Vec<Violation> {
+        let mut found = Vec::new();
+        let mut value_at: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut seq_of: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut observations: Vec<&Vec<(u64, u64)>> =
+            self.replays.iter().map(|r| &r.entries).collect();
+        if let Some(final_log) = &self.final_log {
+            observations.push(final_log);
+        }
+        for entries in &observations {
+            // No gaps, in order.
+            for pair in entries.windows(2) {
+                if pair[1].0 != pair[0].0 + 1 {
+                    found.push(format!(
+                        "a replay jumps from {} to {}",
+                        pair[0].0, pair[1].0
+                    ));
+                }
+            }
+            for &(seq, value) in entries.iter() {
+                if let Some(other) = value_at.insert(seq, value)
+                    && other != value
+                {
+                    found.push(format!("two values at seq {seq}: {other} and {value}"));
+                }
+                if let Some(other) = seq_of.insert(value, seq)
+                    && other != seq
+                {
+                    found.push(format!("value {value} at two seqs: {other} and {seq}"));
+                }
+                match self.writes.get(&value).map(|w| &w.fate) {
+                    Some(Fate::NotApplied) => found.push(format!(
+                        "value {value} was not applied but appears at {seq}"
+                    )),
+                    None => found.push(format!("value {value} was never written")),
+                    _ => {}
+                }
+            }
+        }
+        // Any two replays: one a prefix of the other (beyond deleted prefixes).
+        for (i, a) in observations.iter().enumerate() {
+            for b in observations.iter().skip(i + 1) {
+                let (short, long) = if a.last().map(|e| e.0) <= b.last().map(|e| e.0) {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                let long: BTreeMap<u64, u64> = long.iter().copied().collect();
+                let long_first = long.keys().next().copied().unwrap_or(1);
+                for &(seq, value) in short.iter() {
+                    if seq >= long_first && long.get(&seq) != Some(&value) {
+                        found.push(format!("replays differ at seq {seq}"));
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(final_log) = &self.final_log {
+            let present: BTreeSet<u64> = final_log.iter().map(|e| e.1).collect();
+            for (value, write) in &self.writes {
+                if let Fate::Acknowledged(_) = write.fate
+                    && write.seq > self.final_base
+                    && !present.contains(value)
+                {
+                    found.push(format!(
+                        "acknowledged value {value} (seq {}, node {}) is missing from the final log",
+                        write.seq, write.node
+                    ));
+                }
+            }
+        }
+        // A replay that began after an acknowledgement contains it.
+        for replay in &self.replays {
+            let present: BTreeSet<u64> = replay.entries.iter().map(|e| e.1).collect();
+            let first = replay.base + 1;
+            for (value, write) in &self.writes {
+                if let Fate::Acknowledged(at) = write.fate
+                    && at < replay.started
+                    && write.seq >= first
+                    && !present.contains(value)
+                {
+                    found.push(format!(
+                        "value {value} acknowledged before a replay on node {} began is not \
+                         in it",
+                        replay.node
+                    ));
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        let mut violations = std::mem::take(&mut self.violations);
+        violations.extend(
+            found
+                .into_iter()
+                .map(|f| Violation(format!("seed {}: {f}", self.seed))),
+        );
+        violations
+    }
+}

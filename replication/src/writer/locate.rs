@@ -1,0 +1,193 @@
+//! Locating: which configuration holds the log, or proof that no replica knows it.
+//!
+//! The log's preference list (its first N Up members on the ring) is asked first: a log
+//! lives there unless the cluster changed since it was created. If none of them knows it,
+//! every member is asked. A configuration found anywhere wins (the one of the latest epoch;
+//! recovery follows it to any later one); a log is new only when every member answered that
+//! it knows nothing of it, and
+//! membership has converged (so that no other node places it elsewhere at the same time).
+//! A replica that holds entries but no configuration holds a log written before
+//! replication: it becomes the log's first configuration.
+
+use super::{Ctx, Next, RecoverFrom, RequestId, StopReason, Target};
+use crate::configuration::{Configuration, ReplicaId};
+use crate::epoch::Epoch;
+use crate::message::{LogSummary, Request, Response};
+use std::collections::{BTreeMap, BTreeSet};
+use tessera_cluster::Address;
+
+pub(crate) struct Locating {
+    /// Asked every member (the second round).
+    wide: bool,
+    waiting: BTreeMap<RequestId, Address>,
+    asked: BTreeSet<Address>,
+    /// Replicas that know the log.
+    found: Vec<(ReplicaId, LogSummary)>,
+    storage: BTreeMap<Address, u64>,
+    silent: BTreeSet<Address>,
+    seen: Epoch,
+}
+
+impl Locating {
+    pub fn start<P>(ctx: &mut Ctx<'_, P>) -> (Self, Next<P>) {
+        let mut locating = Locating {
+            wide: false,
+            waiting: BTreeMap::new(),
+            asked: BTreeSet::new(),
+            found: Vec::new(),
+            storage: BTreeMap::new(),
+            silent: BTreeSet::new(),
+            seen: Epoch::ZERO,
+        };
+        let n = ctx.settings.quorums.replication_factor();
+        let mut first: Vec<Address> = ctx.placement.preference.iter().take(n).cloned().collect();
+        if let Some(local) = &ctx.placement.local
+            && !first.contains(local)
+        {
+            first.push(local.clone());
+        }
+        locating.ask(ctx, first);
+        let next = locating.decide(ctx);
+        (locating, next)
+    }
+
+    fn ask<P>(&mut self, ctx: &mut Ctx<'_, P>, addresses: Vec<Address>) {
+        for address in addresses {
+            if self.asked.insert(address.clone()) {
+                let id = ctx.send(Target::Address(address.clone()), Request::Locate);
+                self.waiting.insert(id, address);
+            }
+        }
+    }
+
+    pub fn on_response<P>(
+        &mut self,
+        ctx: &mut Ctx<'_, P>,
+        id: RequestId,
+        to: &Target,
+        response: Response<P>,
+    ) -> Next<P> {
+        let Some(address) = self.waiting.remove(&id) else {
+            return Next::Stay;
+        };
+        match response {
+            Response::Located {
+                storage_id,
+                summary,
+            } => {
+                self.storage.insert(address.clone(), storage_id);
+                if let Some(summary) = summary {
+                    self.seen = self.seen.max(summary.promise).max(summary.last.epoch);
+                    if summary.config.is_some() || is_legacy(&summary) {
+                        self.found
+                            .push((ReplicaId::new(address, storage_id), summary));
+                    }
+                }
+            }
+            _ => {
+                self.silent.insert(to.address().clone());
+            }
+        }
+        self.decide(ctx)
+    }
+
+    pub fn on_failure<P>(&mut self, ctx: &mut Ctx<'_, P>, id: RequestId, _to: &Target) -> Next<P> {
+        if let Some(address) = self.waiting.remove(&id) {
+            self.silent.insert(address);
+        }
+        self.decide(ctx)
+    }
+
+    fn decide<P>(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
+        if !self.waiting.is_empty() {
+            return Next::Stay;
+        }
+        if let Some(config) = self.best_found() {
+            return Next::Recover(RecoverFrom {
+                configs: vec![config],
+                target: None,
+                creating: false,
+                seen: self.seen,
+            });
+        }
+        if !self.wide {
+            self.wide = true;
+            let rest: Vec<Address> = ctx
+                .placement
+                .members
+                .iter()
+                .filter(|a| !self.asked.contains(*a))
+                .cloned()
+                .collect();
+            if !rest.is_empty() {
+                self.ask(ctx, rest);
+                return Next::Stay;
+            }
+        }
+        if !self.silent.is_empty() {
+            let silent: Vec<String> = self.silent.iter().map(|a| a.to_string()).collect();
+            return Next::Stop(StopReason::Unavailable(format!(
+                "cannot tell whether the log exists: {} did not answer",
+                silent.join(", ")
+            )));
+        }
+        if !ctx.placement.converged {
+            return Next::Stop(StopReason::Unavailable(
+                "the log is not known to any member, and cluster membership is changing: it \
+                 is created once membership has converged"
+                    .to_string(),
+            ));
+        }
+        let n = ctx.settings.quorums.replication_factor();
+        let mut members = Vec::new();
+        for address in ctx.placement.preference.iter().take(n) {
+            match self.storage.get(address) {
+                Some(storage_id) => members.push(ReplicaId::new(address.clone(), *storage_id)),
+                None => {
+                    return Next::Stop(StopReason::Unavailable(format!(
+                        "{address} is in the log's placement but was not asked"
+                    )));
+                }
+            }
+        }
+        if members.is_empty() {
+            return Next::Stop(StopReason::Unavailable(
+                "no Up member to place the log on".to_string(),
+            ));
+        }
+        Next::Recover(RecoverFrom {
+            configs: vec![Configuration::new(1, members)],
+            target: None,
+            creating: true,
+            seen: self.seen,
+        })
+    }
+
+    /// The configuration of the latest epoch among the answers; a log from before replication
+    /// counts as a configuration of its one replica, below any other.
+    fn best_found(&self) -> Option<Configuration> {
+        let mut best: Option<(Option<(Epoch, u64)>, Configuration)> = None;
+        for (replica, summary) in &self.found {
+            let candidate = match &summary.config {
+                Some(at) => (Some(at.rank()), at.config.clone()),
+                None => (None, legacy_config(replica)),
+            };
+            if best.as_ref().is_none_or(|(epoch, _)| candidate.0 > *epoch) {
+                best = Some(candidate);
+            }
+        }
+        best.map(|(_, config)| config)
+    }
+}
+
+/// Whether a replica's log was written before replication: entries, all of epoch zero, and
+/// no writer ever took it over (a replicated log always has a configuration).
+pub(crate) fn is_legacy(summary: &LogSummary) -> bool {
+    summary.config.is_none() && summary.last.seq > 0 && summary.last.epoch == Epoch::ZERO
+}
+
+/// The configuration of a log written before replication: the one replica that holds it,
+/// version 0.
+pub(crate) fn legacy_config(replica: &ReplicaId) -> Configuration {
+    Configuration::new(0, vec![replica.clone()])
+}
