@@ -10,6 +10,7 @@ use super::{
 };
 use crate::address::{Address, UniqueAddress};
 use bytes::Bytes;
+use rand::RngCore;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
@@ -27,7 +28,7 @@ pub(crate) struct Endpoint {
     local: UniqueAddress,
     services: Mutex<HashMap<ServiceId, mpsc::Sender<Inbound>>>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
-    next_correlation_id: AtomicU64,
+    correlation_ids: CorrelationIds,
     max_pending_requests: usize,
     max_frame_size_bytes: usize,
     pub(crate) metrics: TransportMetrics,
@@ -41,7 +42,7 @@ impl Endpoint {
             local,
             services: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
-            next_correlation_id: AtomicU64::new(1),
+            correlation_ids: CorrelationIds::random(),
             max_pending_requests: config.max_pending_requests,
             max_frame_size_bytes: config.max_frame_size_bytes,
             metrics: TransportMetrics::default(),
@@ -202,7 +203,7 @@ impl Endpoint {
         if self.is_closed() {
             return Err(SendError::Closed.into());
         }
-        let correlation_id = self.next_correlation_id.fetch_add(1, Ordering::Relaxed);
+        let correlation_id = self.correlation_ids.next();
         let (tx, rx) = oneshot::channel();
         {
             let mut pending = lock(&self.pending);
@@ -256,6 +257,38 @@ impl Endpoint {
     }
 }
 
+/// The correlation ids of one endpoint: consecutive (wrapping) from a random start.
+///
+/// Invariant: ids are unique across incarnations, not just within one. A restarted node keeps
+/// its address, so a late response meant for the previous incarnation reaches the new one; if
+/// both counted from the same start, it would complete whichever new request drew the same id.
+/// With a random 64-bit start per endpoint, two incarnations making `n` and `m` requests share
+/// an id with probability about `(n + m) / 2^64`. Within one endpoint an id repeats only after
+/// 2^64 requests.
+struct CorrelationIds {
+    next: AtomicU64,
+}
+
+impl CorrelationIds {
+    /// Starts at a value from the OS-seeded thread RNG, not the injectable simulation RNG: a
+    /// simulation that replays a seed for a restarted node must still get fresh ids, and ids
+    /// only ever match answers to requests, they steer no protocol decision.
+    fn random() -> Self {
+        Self::starting_at(rand::rng().next_u64())
+    }
+
+    fn starting_at(start: u64) -> Self {
+        Self {
+            next: AtomicU64::new(start),
+        }
+    }
+
+    /// The next id; after `u64::MAX` comes 0 (`fetch_add` wraps, it does not panic).
+    fn next(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
 struct PendingGuard<'a> {
     endpoint: &'a Endpoint,
     correlation_id: u64,
@@ -264,5 +297,28 @@ struct PendingGuard<'a> {
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         self.endpoint.take_pending(self.correlation_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn correlation_ids_wrap_around_without_panicking() {
+        let ids = CorrelationIds::starting_at(u64::MAX - 1);
+        let drawn: Vec<u64> = (0..4).map(|_| ids.next()).collect();
+        assert_eq!(drawn, [u64::MAX - 1, u64::MAX, 0, 1]);
+    }
+
+    #[test]
+    fn two_incarnations_at_one_address_draw_different_correlation_ids() {
+        let address = Address::new("10.0.0.1", 1);
+        let config = TransportConfig::default();
+        let old = Endpoint::new(UniqueAddress::new(address.clone(), 1), &config);
+        let new = Endpoint::new(UniqueAddress::new(address, 2), &config);
+        // Counting from a fixed start would collide every time; random starts collide with
+        // probability 2^-64.
+        assert_ne!(old.correlation_ids.next(), new.correlation_ids.next());
     }
 }

@@ -8,7 +8,9 @@
 mod memory;
 mod tcp;
 
-use super::{Inbound, Lane, RequestError, SendError, ServiceId, Transport, TransportConfig};
+use super::{
+    Address, Inbound, Lane, RequestError, SendError, ServiceId, Transport, TransportConfig,
+};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +63,35 @@ pub(super) async fn eventually(what: &str, mut condition: impl FnMut() -> bool) 
 
 fn n(i: u32) -> Bytes {
     Bytes::copy_from_slice(&i.to_be_bytes())
+}
+
+fn text(s: &'static str) -> Bytes {
+    Bytes::from_static(s.as_bytes())
+}
+
+/// Starts `from.request(to, service)` in a task, so the test can act while it is pending.
+fn spawn_request<T: Transport>(
+    from: &Arc<T>,
+    to: &Address,
+    service: ServiceId,
+    payload: Bytes,
+    timeout: Duration,
+) -> tokio::task::JoinHandle<Result<Bytes, RequestError>> {
+    let (from, to) = (Arc::clone(from), to.clone());
+    tokio::spawn(async move {
+        from.request(&to, service, Lane::Control, payload, timeout)
+            .await
+    })
+}
+
+/// The result of a request started with [`spawn_request`], failing the test after [`WAIT`].
+async fn outcome(
+    request: tokio::task::JoinHandle<Result<Bytes, RequestError>>,
+) -> Result<Bytes, RequestError> {
+    tokio::time::timeout(WAIT, request)
+        .await
+        .expect("request finished within WAIT")
+        .expect("request task did not panic")
 }
 
 /// Answers every request on `service` with "re:" + payload, until the queue closes.
@@ -349,6 +380,42 @@ pub(super) async fn shutdown_fails_pending_requests_with_closed<H: Harness>(h: &
     );
 }
 
+pub(super) async fn late_answer_for_a_previous_incarnation_does_not_complete_a_new_request<
+    H: Harness,
+>(
+    h: &H,
+) {
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let mut at_b = b.register(SERVICE, 16).unwrap();
+    let to = b.local().address.clone();
+    let old_request = spawn_request(&a, &to, SERVICE, text("old"), WAIT);
+    let old = recv(&mut at_b).await;
+    assert_eq!(old.from, *a.local());
+
+    let a2 = h.restart(a, 3).await;
+    assert!(
+        matches!(outcome(old_request).await, Err(RequestError::Closed { .. })),
+        "the old incarnation's request ends with its transport"
+    );
+    let new_request = spawn_request(&a2, &to, SERVICE, text("new"), WAIT);
+    let new = recv(&mut at_b).await;
+    assert_eq!(new.from, *a2.local());
+    let (old_reply, new_reply) = (old.reply.unwrap(), new.reply.unwrap());
+    assert_ne!(
+        old_reply.correlation_id, new_reply.correlation_id,
+        "two incarnations drew the same correlation id"
+    );
+    // Same lane, so the answer meant for the old incarnation reaches the new one first.
+    old_reply.respond(text("for the old incarnation")).unwrap();
+    new_reply.respond(text("for the new incarnation")).unwrap();
+    assert_eq!(
+        outcome(new_request).await,
+        Ok(text("for the new incarnation"))
+    );
+    assert_eq!(a2.metrics().snapshot().responses_unmatched, 1);
+}
+
 /// Instantiates every suite test for one harness expression (evaluated once per test).
 macro_rules! transport_suite {
     ($harness:expr) => {
@@ -363,6 +430,7 @@ macro_rules! transport_suite {
             control_message_overtakes_bulk_backlog,
             restarted_peer_is_reached_at_the_same_address,
             shutdown_fails_pending_requests_with_closed,
+            late_answer_for_a_previous_incarnation_does_not_complete_a_new_request,
         );
     };
     (@tests $harness:expr; $($name:ident),+ $(,)?) => {
