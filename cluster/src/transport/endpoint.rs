@@ -12,6 +12,7 @@ use crate::address::{Address, UniqueAddress};
 use bytes::Bytes;
 use rand::RngCore;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -27,7 +28,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Endpoint {
     local: UniqueAddress,
     services: Mutex<HashMap<ServiceId, mpsc::Sender<Inbound>>>,
-    pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
+    pending: Mutex<HashMap<u64, PendingRequest>>,
     correlation_ids: CorrelationIds,
     max_pending_requests: usize,
     max_frame_size_bytes: usize,
@@ -148,7 +149,7 @@ impl Endpoint {
             Frame::Response {
                 correlation_id,
                 payload,
-            } => self.complete(correlation_id, payload),
+            } => self.complete(from, correlation_id, payload),
             other => return Err(FrameError::OutOfPlace { kind: other.kind() }),
         }
         Ok(())
@@ -172,20 +173,37 @@ impl Endpoint {
         }
     }
 
-    fn complete(&self, correlation_id: u64, payload: Bytes) {
-        match self.take_pending(correlation_id) {
-            // The requester may have given up between the lookup and now; that is fine.
-            Some(waiter) => drop(waiter.send(payload)),
-            None => TransportMetrics::incr(&self.metrics.responses_unmatched),
-        }
+    /// Hands an answer to the request `correlation_id` if `from` is the peer that request went
+    /// to. An answer from any other peer is counted and leaves the request waiting for the
+    /// asked peer, its timeout or shutdown.
+    fn complete(&self, from: &UniqueAddress, correlation_id: u64, payload: Bytes) {
+        let waiter = {
+            let mut pending = lock(&self.pending);
+            match pending.entry(correlation_id) {
+                Entry::Occupied(request) if request.get().to == from.address => {
+                    TransportMetrics::decr(&self.metrics.requests_pending);
+                    request.remove().waiter
+                }
+                Entry::Occupied(_) => {
+                    TransportMetrics::incr(&self.metrics.responses_wrong_peer);
+                    return;
+                }
+                Entry::Vacant(_) => {
+                    TransportMetrics::incr(&self.metrics.responses_unmatched);
+                    return;
+                }
+            }
+        };
+        // The requester may have given up between the lookup and now; that is fine.
+        drop(waiter.send(payload));
     }
 
-    fn take_pending(&self, correlation_id: u64) -> Option<oneshot::Sender<Bytes>> {
-        let waiter = lock(&self.pending).remove(&correlation_id);
-        if waiter.is_some() {
+    fn take_pending(&self, correlation_id: u64) -> Option<PendingRequest> {
+        let request = lock(&self.pending).remove(&correlation_id);
+        if request.is_some() {
             TransportMetrics::decr(&self.metrics.requests_pending);
         }
-        waiter
+        request
     }
 
     /// Sends a request through `outbound` and waits for the matching response, the timeout or
@@ -213,7 +231,13 @@ impl Endpoint {
                     max_pending_requests: self.max_pending_requests,
                 });
             }
-            pending.insert(correlation_id, tx);
+            pending.insert(
+                correlation_id,
+                PendingRequest {
+                    to: to.clone(),
+                    waiter: tx,
+                },
+            );
             TransportMetrics::incr(&self.metrics.requests_pending);
         }
         let _cleanup = PendingGuard {
@@ -255,6 +279,13 @@ impl Endpoint {
             TransportMetrics::decr(&self.metrics.requests_pending);
         }
     }
+}
+
+/// A request waiting for its answer.
+struct PendingRequest {
+    /// The peer the request went to: the only one whose answer completes it.
+    to: Address,
+    waiter: oneshot::Sender<Bytes>,
 }
 
 /// The correlation ids of one endpoint: consecutive (wrapping) from a random start.

@@ -46,6 +46,10 @@ counters! {
     inbound_unknown_service,
     /// Responses whose request had already timed out or never existed.
     responses_unmatched,
+    /// Responses from a peer other than the one the request went to, dropped without touching
+    /// the request. A peer known under two addresses (an alias, a different advertised host)
+    /// shows up here: requests must name a peer by the address it announces itself with.
+    responses_wrong_peer,
     /// Inbound connections that completed the handshake.
     connections_accepted,
     /// Connections refused because the peer could not prove the cluster secret (or, on the

@@ -8,8 +8,10 @@
 mod memory;
 mod tcp;
 
+use super::frame::Frame;
 use super::{
-    Address, Inbound, Lane, RequestError, SendError, ServiceId, Transport, TransportConfig,
+    Address, Inbound, Lane, Outbound, RequestError, SendError, ServiceId, Transport,
+    TransportConfig,
 };
 use bytes::Bytes;
 use std::sync::Arc;
@@ -24,7 +26,8 @@ const ECHO: ServiceId = 101;
 
 /// Creates nodes of one transport implementation.
 pub(super) trait Harness {
-    type T: Transport;
+    /// `Outbound` lets a test put any frame on the wire, as a confused or hostile peer would.
+    type T: Transport + Outbound;
     /// A fresh node with a fresh address; `config`'s bind address is replaced.
     async fn node(&self, uid: u64, config: TransportConfig) -> Arc<Self::T>;
     /// Stops `old` and starts a new incarnation `uid` at the same address.
@@ -416,6 +419,37 @@ pub(super) async fn late_answer_for_a_previous_incarnation_does_not_complete_a_n
     assert_eq!(a2.metrics().snapshot().responses_unmatched, 1);
 }
 
+pub(super) async fn answer_from_a_peer_that_was_not_asked_is_dropped_and_counted<H: Harness>(
+    h: &H,
+) {
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let c = h.node(3, test_config()).await;
+    let mut at_b = b.register(SERVICE, 16).unwrap();
+    let request = spawn_request(&a, &b.local().address, SERVICE, text("question"), WAIT);
+    let reply = recv(&mut at_b).await.reply.unwrap();
+    // c answers a's request to b with the right correlation id, before b does.
+    let forged = Frame::Response {
+        correlation_id: reply.correlation_id,
+        payload: text("forged"),
+    };
+    c.enqueue(&a.local().address, Lane::Control, &forged)
+        .unwrap();
+    eventually("answer from c counted", || {
+        a.metrics().snapshot().responses_wrong_peer == 1
+    })
+    .await;
+    assert!(!request.is_finished(), "c's answer completed the request");
+    assert_eq!(a.metrics().snapshot().requests_pending, 1);
+
+    reply.respond(text("genuine")).unwrap();
+    assert_eq!(outcome(request).await, Ok(text("genuine")));
+    let metrics = a.metrics().snapshot();
+    assert_eq!(metrics.responses_wrong_peer, 1);
+    assert_eq!(metrics.responses_unmatched, 0);
+    assert_eq!(metrics.requests_pending, 0);
+}
+
 /// Instantiates every suite test for one harness expression (evaluated once per test).
 macro_rules! transport_suite {
     ($harness:expr) => {
@@ -431,6 +465,7 @@ macro_rules! transport_suite {
             restarted_peer_is_reached_at_the_same_address,
             shutdown_fails_pending_requests_with_closed,
             late_answer_for_a_previous_incarnation_does_not_complete_a_new_request,
+            answer_from_a_peer_that_was_not_asked_is_dropped_and_counted,
         );
     };
     (@tests $harness:expr; $($name:ident),+ $(,)?) => {
