@@ -5,8 +5,8 @@
 use super::frame::{self, Frame, FrameError};
 use super::metrics::TransportMetrics;
 use super::{
-    Inbound, Lane, Outbound, RequestError, Responder, SendError, ServiceId, TransportConfig,
-    TransportError,
+    Inbound, Lane, Outbound, RemoteError, RequestError, Responder, SendError, ServiceId,
+    TransportConfig, TransportError,
 };
 use crate::address::{Address, UniqueAddress};
 use bytes::Bytes;
@@ -81,7 +81,11 @@ impl Endpoint {
             });
         }
         let (tx, rx) = mpsc::channel(queue_capacity);
-        services.insert(service, tx);
+        let replaced = services.insert(service, tx);
+        // Dropped outside the lock: a request left in the old queue answers `Dropped` as it goes,
+        // and queueing that answer takes the peer-queue lock (see `deliver`).
+        drop(services);
+        drop(replaced);
         Ok(rx)
     }
 
@@ -141,42 +145,67 @@ impl Endpoint {
                 payload,
                 reply: Some(Responder {
                     to: from.address.clone(),
+                    service,
                     lane,
                     correlation_id,
-                    outbound,
+                    outbound: Some(outbound),
                 }),
             }),
             Frame::Response {
                 correlation_id,
                 payload,
-            } => self.complete(from, correlation_id, payload),
+            } => self.complete(from, correlation_id, Ok(payload)),
+            Frame::ErrorResponse {
+                correlation_id,
+                error,
+            } => self.complete(from, correlation_id, Err(error.bounded())),
             other => return Err(FrameError::OutOfPlace { kind: other.kind() }),
         }
         Ok(())
     }
 
-    /// Hands a message to its service without waiting: a full or missing queue drops it.
+    /// Hands a message to its service without waiting. A missing or full queue drops it and
+    /// counts it; a request among those is answered at once with the reason, so the requester
+    /// fails fast instead of waiting for its timeout.
     fn deliver(&self, inbound: Inbound) {
-        let services = lock(&self.services);
-        let Some(queue) = services.get(&inbound.service) else {
-            TransportMetrics::incr(&self.metrics.inbound_unknown_service);
+        let service = inbound.service;
+        let refused = {
+            let services = lock(&self.services);
+            match services.get(&service) {
+                None => Some((inbound, RemoteError::UnknownService { service })),
+                Some(queue) => match queue.try_send(inbound) {
+                    Ok(()) => None,
+                    Err(mpsc::error::TrySendError::Full(inbound)) => {
+                        let capacity = u64::try_from(queue.max_capacity()).unwrap_or(u64::MAX);
+                        Some((inbound, RemoteError::Overloaded { service, capacity }))
+                    }
+                    // The service dropped its receiver: it is gone.
+                    Err(mpsc::error::TrySendError::Closed(inbound)) => {
+                        Some((inbound, RemoteError::UnknownService { service }))
+                    }
+                },
+            }
+        };
+        let Some((inbound, error)) = refused else {
             return;
         };
-        match queue.try_send(inbound) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                TransportMetrics::incr(&self.metrics.inbound_dropped_queue_full);
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                TransportMetrics::incr(&self.metrics.inbound_unknown_service);
-            }
+        let counter = match error {
+            RemoteError::Overloaded { .. } => &self.metrics.inbound_dropped_queue_full,
+            _ => &self.metrics.inbound_unknown_service,
+        };
+        TransportMetrics::incr(counter);
+        // Answered after the services lock is released: queueing the answer takes the
+        // peer-queue lock, and shutdown takes the two in the other order.
+        if let Some(reply) = inbound.reply {
+            // Best effort, like every answer: if it is lost the requester times out.
+            let _ = reply.respond_error(error);
         }
     }
 
     /// Hands an answer to the request `correlation_id` if `from` is the peer that request went
     /// to. An answer from any other peer is counted and leaves the request waiting for the
     /// asked peer, its timeout or shutdown.
-    fn complete(&self, from: &UniqueAddress, correlation_id: u64, payload: Bytes) {
+    fn complete(&self, from: &UniqueAddress, correlation_id: u64, answer: Answer) {
         let waiter = {
             let mut pending = lock(&self.pending);
             match pending.entry(correlation_id) {
@@ -195,7 +224,7 @@ impl Endpoint {
             }
         };
         // The requester may have given up between the lookup and now; that is fine.
-        drop(waiter.send(payload));
+        drop(waiter.send(answer));
     }
 
     fn take_pending(&self, correlation_id: u64) -> Option<PendingRequest> {
@@ -254,7 +283,8 @@ impl Endpoint {
         tokio::select! {
             _ = self.shutdown.cancelled() => Err(RequestError::Closed { to: to.clone() }),
             answer = tokio::time::timeout(timeout, rx) => match answer {
-                Ok(Ok(payload)) => Ok(payload),
+                Ok(Ok(Ok(payload))) => Ok(payload),
+                Ok(Ok(Err(error))) => Err(RequestError::Remote { to: to.clone(), service, error }),
                 // The waiter was dropped without an answer: only `close` does that.
                 Ok(Err(_)) => Err(RequestError::Closed { to: to.clone() }),
                 Err(_elapsed) => {
@@ -273,7 +303,10 @@ impl Endpoint {
     /// fail with `Closed`.
     pub(crate) fn close(&self) {
         self.shutdown.cancel();
-        lock(&self.services).clear();
+        // Taken out before dropping, like in `register`; after the cancel above, the `Dropped`
+        // answers of requests still queued are refused before any lock.
+        let services = std::mem::take(&mut *lock(&self.services));
+        drop(services);
         let dropped = std::mem::take(&mut *lock(&self.pending));
         for _ in 0..dropped.len() {
             TransportMetrics::decr(&self.metrics.requests_pending);
@@ -281,11 +314,14 @@ impl Endpoint {
     }
 }
 
+/// What the asked peer sent back: a response payload or an error answer.
+type Answer = Result<Bytes, RemoteError>;
+
 /// A request waiting for its answer.
 struct PendingRequest {
     /// The peer the request went to: the only one whose answer completes it.
     to: Address,
-    waiter: oneshot::Sender<Bytes>,
+    waiter: oneshot::Sender<Answer>,
 }
 
 /// The correlation ids of one endpoint: consecutive (wrapping) from a random start.

@@ -4,7 +4,7 @@
 //! payload starts with [`FRAME_FORMAT_VERSION`] and continues with the postcard encoding of a
 //! [`Frame`], so a later release can change the enum and still recognise older peers.
 
-use super::{Lane, ServiceId};
+use super::{Lane, RemoteError, ServiceId};
 use crate::address::UniqueAddress;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -51,6 +51,12 @@ pub enum Frame {
     },
     /// The answer to the request with `correlation_id`.
     Response { correlation_id: u64, payload: Bytes },
+    /// The error answer to the request with `correlation_id`: the asked peer did not serve it.
+    /// Last, so the variants before it keep their encoding.
+    ErrorResponse {
+        correlation_id: u64,
+        error: RemoteError,
+    },
 }
 
 impl Frame {
@@ -63,6 +69,7 @@ impl Frame {
             Frame::OneWay { .. } => "OneWay",
             Frame::Request { .. } => "Request",
             Frame::Response { .. } => "Response",
+            Frame::ErrorResponse { .. } => "ErrorResponse",
         }
     }
 }
@@ -86,7 +93,7 @@ pub enum FrameError {
     #[error("connection closed in the middle of a frame with {remaining_bytes} bytes buffered")]
     Truncated { remaining_bytes: usize },
     #[error(
-        "unexpected {kind} frame on an established connection (expected OneWay, Request or Response)"
+        "unexpected {kind} frame on an established connection (expected OneWay, Request, Response or ErrorResponse)"
     )]
     OutOfPlace { kind: &'static str },
     #[error("cannot encode frame: {0}")]
@@ -234,6 +241,16 @@ mod tests {
         prop_oneof![Just(Lane::Control), Just(Lane::Bulk)]
     }
 
+    fn arb_remote_error() -> impl Strategy<Value = RemoteError> {
+        prop_oneof![
+            any::<u16>().prop_map(|service| RemoteError::UnknownService { service }),
+            (any::<u16>(), any::<u64>())
+                .prop_map(|(service, capacity)| RemoteError::Overloaded { service, capacity }),
+            any::<u16>().prop_map(|service| RemoteError::Dropped { service }),
+            ".{0,64}".prop_map(|reason| RemoteError::Rejected { reason }),
+        ]
+    }
+
     fn arb_frame() -> impl Strategy<Value = Frame> {
         prop_oneof![
             (any::<u16>(), any::<Nonce>()).prop_map(|(protocol_version, nonce)| Frame::Hello {
@@ -269,6 +286,12 @@ mod tests {
             (any::<u64>(), arb_bytes()).prop_map(|(correlation_id, payload)| Frame::Response {
                 correlation_id,
                 payload
+            }),
+            (any::<u64>(), arb_remote_error()).prop_map(|(correlation_id, error)| {
+                Frame::ErrorResponse {
+                    correlation_id,
+                    error,
+                }
             }),
         ]
     }
@@ -314,6 +337,48 @@ mod tests {
             err.to_string(),
             "frame format version 7 is not supported (expected 1)"
         );
+    }
+
+    #[test]
+    fn existing_variants_keep_their_encoding_and_error_response_comes_last() {
+        // Version byte, variant index, then the fields (postcard varints, length-prefixed bytes).
+        let response = Frame::Response {
+            correlation_id: 1,
+            payload: Bytes::from_static(b"ok"),
+        };
+        assert_eq!(&encode(&response).unwrap()[..], &[1, 5, 1, 2, b'o', b'k']);
+        let error_response = Frame::ErrorResponse {
+            correlation_id: 1,
+            error: RemoteError::UnknownService { service: 7 },
+        };
+        assert_eq!(&encode(&error_response).unwrap()[..], &[1, 6, 1, 0, 7]);
+    }
+
+    #[test]
+    fn malformed_error_responses_give_typed_errors() {
+        let bytes = encode(&Frame::ErrorResponse {
+            correlation_id: 1,
+            error: RemoteError::Dropped { service: 7 },
+        })
+        .unwrap()
+        .to_vec();
+        assert_eq!(bytes, [1, 6, 1, 2, 7]);
+        let unknown_error_kind = [1, 6, 1, 99, 7];
+        let cut_inside_the_error = &bytes[..4];
+        let reason_not_utf8 = [1, 6, 1, 3, 2, 0xff, 0xfe];
+        let reason_longer_than_the_frame = [1, 6, 1, 3, 200, b'x'];
+        for malformed in [
+            &unknown_error_kind[..],
+            cut_inside_the_error,
+            &reason_not_utf8[..],
+            &reason_longer_than_the_frame[..],
+        ] {
+            assert!(
+                matches!(decode(malformed), Err(FrameError::Malformed(_))),
+                "{malformed:?} gave {:?}",
+                decode(malformed)
+            );
+        }
     }
 
     #[test]

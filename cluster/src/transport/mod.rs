@@ -64,32 +64,78 @@ pub struct Inbound {
     pub from: UniqueAddress,
     pub service: ServiceId,
     pub payload: Bytes,
-    /// Present when the sender made a request and waits for an answer.
+    /// Present when the sender made a request and waits for an answer; dropping it without
+    /// answering tells the requester [`RemoteError::Dropped`].
     pub reply: Option<Responder>,
 }
 
-/// The way back to a requester; answering is optional (the requester then times out).
+/// The way back to a requester, good for exactly one answer: [`Responder::respond`] and
+/// [`Responder::respond_error`] consume it, and dropping it unanswered sends
+/// [`RemoteError::Dropped`], so the requester learns at once instead of at its timeout.
 pub struct Responder {
     to: Address,
+    service: ServiceId,
     lane: Lane,
     correlation_id: u64,
     // Weak: an unanswered request sitting in a service queue must not keep a shut-down
-    // transport alive.
-    outbound: Weak<dyn Outbound>,
+    // transport alive. `None` once the answer is queued.
+    outbound: Option<Weak<dyn Outbound>>,
 }
 
 impl Responder {
-    /// Sends the response on the lane the request came on; same queueing rules as `send`.
-    pub fn respond(self, payload: Bytes) -> Result<(), SendError> {
-        let outbound = self.outbound.upgrade().ok_or(SendError::Closed)?;
-        outbound.enqueue(
-            &self.to,
-            self.lane,
-            &Frame::Response {
+    /// Sends the response on the lane the request came on; same queueing rules as `send`. A
+    /// payload too large for a frame is not sent; the requester is told `Dropped` instead.
+    pub fn respond(mut self, payload: Bytes) -> Result<(), SendError> {
+        let frame = Frame::Response {
+            correlation_id: self.correlation_id,
+            payload,
+        };
+        self.answer(&frame)
+    }
+
+    /// Answers with an error the requester receives as [`RequestError::Remote`]; a `Rejected`
+    /// reason longer than [`REJECTED_REASON_MAX_BYTES`] is cut to it.
+    pub fn respond_error(mut self, error: RemoteError) -> Result<(), SendError> {
+        let frame = Frame::ErrorResponse {
+            correlation_id: self.correlation_id,
+            error: error.bounded(),
+        };
+        self.answer(&frame)
+    }
+
+    /// Queues `frame` as the answer. One that could not be encoded (too large) never left, so
+    /// the way back is kept and dropping `self` still answers `Dropped`.
+    fn answer(&mut self, frame: &Frame) -> Result<(), SendError> {
+        let outbound = self
+            .outbound
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .ok_or(SendError::Closed)?;
+        let queued = outbound.enqueue(&self.to, self.lane, frame);
+        if !matches!(
+            queued,
+            Err(SendError::FrameTooLarge { .. } | SendError::Encode(_))
+        ) {
+            self.outbound = None;
+        }
+        queued
+    }
+}
+
+impl Drop for Responder {
+    /// Answers `Dropped` if nothing was sent. Never waits: enqueueing only tries, and a
+    /// transport that is gone or shut down refuses before taking any lock.
+    fn drop(&mut self) {
+        if self.outbound.is_some() {
+            let frame = Frame::ErrorResponse {
                 correlation_id: self.correlation_id,
-                payload,
-            },
-        )
+                error: RemoteError::Dropped {
+                    service: self.service,
+                },
+            };
+            // Best effort, like every answer: if it is lost the requester times out.
+            let _ = self.answer(&frame);
+        }
     }
 }
 
@@ -97,6 +143,7 @@ impl std::fmt::Debug for Responder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Responder")
             .field("to", &self.to)
+            .field("service", &self.service)
             .field("lane", &self.lane)
             .field("correlation_id", &self.correlation_id)
             .finish()
@@ -217,6 +264,55 @@ pub enum RequestError {
     },
     #[error("transport shut down while the request to {to} was pending")]
     Closed { to: Address },
+    /// The asked peer answered with an error instead of a response.
+    #[error("service {service} at {to} answered with an error: {error}")]
+    Remote {
+        to: Address,
+        service: ServiceId,
+        error: RemoteError,
+    },
+}
+
+/// Longest [`RemoteError::Rejected`] reason, in bytes; longer ones are cut (at a character
+/// boundary) when sent and again when received, so a peer cannot make us hold a long one.
+pub const REJECTED_REASON_MAX_BYTES: usize = 256;
+
+/// Why the asked peer answered a request with an error instead of a response. It travels in
+/// [`frame::Frame::ErrorResponse`]: add new variants at the end, so the existing ones keep
+/// their encoding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RemoteError {
+    /// No service `service` is registered on the peer (never was, or it stopped).
+    #[error("no service {service} is registered there")]
+    UnknownService { service: ServiceId },
+    /// The service's inbound queue held `capacity` messages already; the request was dropped
+    /// without reaching the service.
+    #[error("the inbound queue of service {service} is full (capacity {capacity})")]
+    Overloaded { service: ServiceId, capacity: u64 },
+    /// The service took the request but dropped it without answering.
+    #[error("service {service} dropped the request without answering")]
+    Dropped { service: ServiceId },
+    /// The service refused the request; `reason` is at most [`REJECTED_REASON_MAX_BYTES`].
+    #[error("rejected: {reason:?}")]
+    Rejected { reason: String },
+}
+
+impl RemoteError {
+    /// This error with a `Rejected` reason cut to [`REJECTED_REASON_MAX_BYTES`].
+    pub(crate) fn bounded(self) -> Self {
+        match self {
+            RemoteError::Rejected { mut reason } => {
+                let mut end = REJECTED_REASON_MAX_BYTES.min(reason.len());
+                // At most three steps back: a UTF-8 character is at most four bytes.
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                reason.truncate(end);
+                RemoteError::Rejected { reason }
+            }
+            other => other,
+        }
+    }
 }
 
 /// Settings of a node's transport; the in-memory transport uses the queue, frame and request

@@ -10,8 +10,8 @@ mod tcp;
 
 use super::frame::Frame;
 use super::{
-    Address, Inbound, Lane, Outbound, RequestError, SendError, ServiceId, Transport,
-    TransportConfig,
+    Address, Inbound, Lane, Outbound, REJECTED_REASON_MAX_BYTES, RemoteError, RequestError,
+    SendError, ServiceId, Transport, TransportConfig,
 };
 use bytes::Bytes;
 use std::sync::Arc;
@@ -20,6 +20,9 @@ use tokio::sync::mpsc::Receiver;
 
 /// Upper bound for any single wait in a test.
 pub(super) const WAIT: Duration = Duration::from_secs(10);
+
+/// Request timeout far beyond [`WAIT`]: an answer within `WAIT` did not come from the timeout.
+const LONG_TIMEOUT: Duration = Duration::from_secs(30);
 
 const SERVICE: ServiceId = 100;
 const ECHO: ServiceId = 101;
@@ -371,8 +374,8 @@ pub(super) async fn shutdown_fails_pending_requests_with_closed<H: Harness>(h: &
                 .await
         }
     });
-    // The request reached b, so it is pending on a.
-    recv(&mut silent).await;
+    // The request reached b, so it is pending on a. Held, because dropping it would answer.
+    let _unanswered = recv(&mut silent).await;
     a.shutdown();
     let result = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
     assert_eq!(result, Err(RequestError::Closed { to: to.clone() }));
@@ -428,15 +431,24 @@ pub(super) async fn answer_from_a_peer_that_was_not_asked_is_dropped_and_counted
     let mut at_b = b.register(SERVICE, 16).unwrap();
     let request = spawn_request(&a, &b.local().address, SERVICE, text("question"), WAIT);
     let reply = recv(&mut at_b).await.reply.unwrap();
-    // c answers a's request to b with the right correlation id, before b does.
-    let forged = Frame::Response {
-        correlation_id: reply.correlation_id,
-        payload: text("forged"),
-    };
-    c.enqueue(&a.local().address, Lane::Control, &forged)
-        .unwrap();
-    eventually("answer from c counted", || {
-        a.metrics().snapshot().responses_wrong_peer == 1
+    // c answers a's request to b with the right correlation id, before b does, both ways.
+    let forged = [
+        Frame::Response {
+            correlation_id: reply.correlation_id,
+            payload: text("forged"),
+        },
+        Frame::ErrorResponse {
+            correlation_id: reply.correlation_id,
+            error: RemoteError::Rejected {
+                reason: "forged".to_string(),
+            },
+        },
+    ];
+    for frame in &forged {
+        c.enqueue(&a.local().address, Lane::Control, frame).unwrap();
+    }
+    eventually("answers from c counted", || {
+        a.metrics().snapshot().responses_wrong_peer == 2
     })
     .await;
     assert!(!request.is_finished(), "c's answer completed the request");
@@ -445,9 +457,192 @@ pub(super) async fn answer_from_a_peer_that_was_not_asked_is_dropped_and_counted
     reply.respond(text("genuine")).unwrap();
     assert_eq!(outcome(request).await, Ok(text("genuine")));
     let metrics = a.metrics().snapshot();
-    assert_eq!(metrics.responses_wrong_peer, 1);
+    assert_eq!(metrics.responses_wrong_peer, 2);
     assert_eq!(metrics.responses_unmatched, 0);
     assert_eq!(metrics.requests_pending, 0);
+}
+
+pub(super) async fn request_to_unknown_service_fails_fast_with_unknown_service<H: Harness>(h: &H) {
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let to = b.local().address.clone();
+    let err = outcome(spawn_request(&a, &to, 999, text("anyone?"), LONG_TIMEOUT))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("service 999 at {to} answered with an error: no service 999 is registered there")
+    );
+    assert_eq!(
+        err,
+        RequestError::Remote {
+            to,
+            service: 999,
+            error: RemoteError::UnknownService { service: 999 }
+        }
+    );
+    assert_eq!(b.metrics().snapshot().inbound_unknown_service, 1);
+    assert_eq!(a.metrics().snapshot().requests_pending, 0);
+}
+
+pub(super) async fn request_to_full_service_queue_fails_fast_with_overloaded<H: Harness>(h: &H) {
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let mut at_b = b.register(SERVICE, 1).unwrap();
+    let to = b.local().address.clone();
+    let first = spawn_request(&a, &to, SERVICE, text("first"), LONG_TIMEOUT);
+    eventually("first request queued at b", || {
+        b.metrics().snapshot().frames_in == 1
+    })
+    .await;
+    let second = spawn_request(&a, &to, SERVICE, text("second"), LONG_TIMEOUT);
+    assert_eq!(
+        outcome(second).await,
+        Err(RequestError::Remote {
+            to,
+            service: SERVICE,
+            error: RemoteError::Overloaded {
+                service: SERVICE,
+                capacity: 1
+            }
+        })
+    );
+    assert_eq!(b.metrics().snapshot().inbound_dropped_queue_full, 1);
+    // The queued request is still served.
+    let queued = recv(&mut at_b).await;
+    assert_eq!(queued.payload, text("first"));
+    queued.reply.unwrap().respond(text("served")).unwrap();
+    assert_eq!(outcome(first).await, Ok(text("served")));
+}
+
+pub(super) async fn request_dropped_by_its_service_fails_fast_with_dropped<H: Harness>(h: &H) {
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let to = b.local().address.clone();
+    let dropped = RequestError::Remote {
+        to: to.clone(),
+        service: SERVICE,
+        error: RemoteError::Dropped { service: SERVICE },
+    };
+    // A service that reads the request and drops it.
+    let mut at_b = b.register(SERVICE, 16).unwrap();
+    let request = spawn_request(&a, &to, SERVICE, text("one"), LONG_TIMEOUT);
+    drop(recv(&mut at_b).await);
+    assert_eq!(outcome(request).await, Err(dropped.clone()));
+    // A service that stops with the request still in its queue.
+    let request = spawn_request(&a, &to, SERVICE, text("two"), LONG_TIMEOUT);
+    eventually("second request queued at b", || {
+        b.metrics().snapshot().frames_in == 2
+    })
+    .await;
+    drop(at_b);
+    assert_eq!(outcome(request).await, Err(dropped));
+}
+
+pub(super) async fn respond_error_reaches_the_requester_unchanged<H: Harness>(h: &H) {
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let mut at_b = b.register(SERVICE, 16).unwrap();
+    let to = b.local().address.clone();
+    let request = spawn_request(&a, &to, SERVICE, text("append"), LONG_TIMEOUT);
+    let refusal = RemoteError::Rejected {
+        reason: "not the leader of epoch 7".to_string(),
+    };
+    recv(&mut at_b)
+        .await
+        .reply
+        .unwrap()
+        .respond_error(refusal.clone())
+        .unwrap();
+    let err = outcome(request).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "service {SERVICE} at {to} answered with an error: rejected: \"not the leader of epoch 7\""
+        )
+    );
+    assert_eq!(
+        err,
+        RequestError::Remote {
+            to,
+            service: SERVICE,
+            error: refusal
+        }
+    );
+    // The one answer was sent: nothing else arrives for that request.
+    assert_eq!(a.metrics().snapshot().responses_unmatched, 0);
+}
+
+pub(super) async fn over_long_rejected_reason_reaches_the_requester_cut_at_a_character_boundary<
+    H: Harness,
+>(
+    h: &H,
+) {
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let mut at_b = b.register(SERVICE, 16).unwrap();
+    let to = b.local().address.clone();
+    // Two-byte characters, so the limit falls inside one unless cut at a character boundary.
+    let long = "é".repeat(REJECTED_REASON_MAX_BYTES);
+    let cut = RemoteError::Rejected {
+        reason: "é".repeat(REJECTED_REASON_MAX_BYTES / 2),
+    };
+    let remote = |error| RequestError::Remote {
+        to: to.clone(),
+        service: SERVICE,
+        error,
+    };
+
+    let request = spawn_request(&a, &to, SERVICE, text("one"), LONG_TIMEOUT);
+    let reply = recv(&mut at_b).await.reply.unwrap();
+    reply
+        .respond_error(RemoteError::Rejected {
+            reason: format!("x{long}"),
+        })
+        .unwrap();
+    let odd_cut = RemoteError::Rejected {
+        reason: format!("x{}", "é".repeat(REJECTED_REASON_MAX_BYTES / 2 - 1)),
+    };
+    assert_eq!(outcome(request).await, Err(remote(odd_cut)));
+
+    // A peer that skips `respond_error` and puts a long reason on the wire itself.
+    let request = spawn_request(&a, &to, SERVICE, text("two"), LONG_TIMEOUT);
+    let reply = recv(&mut at_b).await.reply.unwrap();
+    let unbounded = Frame::ErrorResponse {
+        correlation_id: reply.correlation_id,
+        error: RemoteError::Rejected {
+            reason: long.clone(),
+        },
+    };
+    b.enqueue(&a.local().address, Lane::Control, &unbounded)
+        .unwrap();
+    assert_eq!(outcome(request).await, Err(remote(cut)));
+}
+
+pub(super) async fn answer_too_large_to_send_reaches_the_requester_as_dropped<H: Harness>(h: &H) {
+    let a = h.node(1, test_config()).await;
+    let config = TransportConfig {
+        max_frame_size_bytes: 4096,
+        ..test_config()
+    };
+    let b = h.node(2, config).await;
+    let mut at_b = b.register(SERVICE, 16).unwrap();
+    let to = b.local().address.clone();
+    let request = spawn_request(&a, &to, SERVICE, text("everything"), LONG_TIMEOUT);
+    let reply = recv(&mut at_b).await.reply.unwrap();
+    let refused = reply.respond(Bytes::from(vec![0u8; 5000]));
+    assert!(
+        matches!(refused, Err(SendError::FrameTooLarge { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        outcome(request).await,
+        Err(RequestError::Remote {
+            to,
+            service: SERVICE,
+            error: RemoteError::Dropped { service: SERVICE }
+        })
+    );
 }
 
 /// Instantiates every suite test for one harness expression (evaluated once per test).
@@ -466,6 +661,12 @@ macro_rules! transport_suite {
             shutdown_fails_pending_requests_with_closed,
             late_answer_for_a_previous_incarnation_does_not_complete_a_new_request,
             answer_from_a_peer_that_was_not_asked_is_dropped_and_counted,
+            request_to_unknown_service_fails_fast_with_unknown_service,
+            request_to_full_service_queue_fails_fast_with_overloaded,
+            request_dropped_by_its_service_fails_fast_with_dropped,
+            respond_error_reaches_the_requester_unchanged,
+            over_long_rejected_reason_reaches_the_requester_cut_at_a_character_boundary,
+            answer_too_large_to_send_reaches_the_requester_as_dropped,
         );
     };
     (@tests $harness:expr; $($name:ident),+ $(,)?) => {
