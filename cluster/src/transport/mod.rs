@@ -8,6 +8,31 @@
 //!
 //! Delivery is at-most-once and ordered per (sender, receiver, lane). Every queue is bounded and
 //! a full queue drops the message and counts it; nothing waits for a slow peer.
+//!
+//! # Requests
+//!
+//! [`Transport::request`] sends a payload to a service on one peer and waits for its answer.
+//! The contract:
+//!
+//! - **At most once.** A request is sent once and never retried by the transport; it may be
+//!   lost, and then the requester sees [`RequestError::Timeout`]. A timeout does not say whether
+//!   the service acted on the request.
+//! - **One answer per request.** The service gets a [`Responder`] that is consumed by
+//!   [`Responder::respond`] or [`Responder::respond_error`]; dropping it unanswered answers
+//!   [`RemoteError::Dropped`]. The first answer that matches completes the request; any later
+//!   one finds no waiter and is counted in `responses_unmatched`.
+//! - **Correlation ids are unique across incarnations.** Each transport draws a random start for
+//!   its ids, so an answer meant for a previous incarnation at the same address does not match
+//!   a request of the current one (it is counted as unmatched).
+//! - **Answers only from the asked peer.** An answer counts only if it comes from the address
+//!   the request was sent to, as authenticated by the handshake; one from any other peer is
+//!   dropped and counted in `responses_wrong_peer`, and the request keeps waiting. Address a
+//!   peer by the address it announces (the one membership reports), not by an alias.
+//! - **Typed errors.** A request the peer does not serve fails fast with
+//!   [`RequestError::Remote`] carrying a [`RemoteError`]: no such service, its queue is full, it
+//!   dropped the request, or it rejected it with a bounded reason. Local failures are
+//!   [`RequestError::Send`], [`RequestError::TooManyPending`], [`RequestError::Timeout`] and
+//!   [`RequestError::Closed`].
 
 mod endpoint;
 pub mod frame;
@@ -179,7 +204,8 @@ pub trait Transport: Send + Sync + 'static {
         payload: Bytes,
     ) -> Result<(), SendError>;
 
-    /// Request/response with a correlation id and timeout.
+    /// Request/response with a correlation id and timeout; see the module docs for the contract
+    /// (at-most-once, one answer, answers only from `to`, typed errors).
     fn request(
         &self,
         to: &Address,
