@@ -564,12 +564,17 @@ pub(super) async fn respond_error_reaches_the_requester_unchanged<H: Harness>(h:
     assert_eq!(
         err,
         RequestError::Remote {
-            to,
+            to: to.clone(),
             service: SERVICE,
             error: refusal
         }
     );
-    // The one answer was sent: nothing else arrives for that request.
+    // One answer only: a second one for the same request would come back on the same lane
+    // before the next request's answer, and be counted as unmatched.
+    let next = spawn_request(&a, &to, SERVICE, text("next"), LONG_TIMEOUT);
+    let reply = recv(&mut at_b).await.reply.unwrap();
+    reply.respond(text("ok")).unwrap();
+    assert_eq!(outcome(next).await, Ok(text("ok")));
     assert_eq!(a.metrics().snapshot().responses_unmatched, 0);
 }
 
