@@ -24,6 +24,19 @@ impl ConfigAt {
     }
 }
 
+/// What a log's entries carry: anything cloneable whose size is known, so that requests
+/// and answers stay within a byte bound.
+pub trait Payload: Clone + std::fmt::Debug {
+    /// Bytes it takes in a message (an estimate is fine; it bounds message sizes).
+    fn size_bytes(&self) -> usize;
+}
+
+impl Payload for u64 {
+    fn size_bytes(&self) -> usize {
+        8
+    }
+}
+
 /// One entry of a log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry<P> {
@@ -86,11 +99,13 @@ pub enum Request<P> {
         at: Position,
         config: Configuration,
     },
-    /// Entries `from..=to`, at most `max_entries`. Read-only.
+    /// Entries `from..=to`, at most `max_entries` and, beyond the first, at most
+    /// `max_bytes` of payload. Read-only.
     Read {
         from: u64,
         to: u64,
         max_entries: u32,
+        max_bytes: u32,
     },
     /// Replace whatever you hold with an empty log whose deleted prefix ends at `base`
     /// (entries the writer can no longer copy because they were deleted), under `config`.

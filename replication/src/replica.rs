@@ -209,6 +209,7 @@ impl Rules {
         lac: u64,
         config: Option<Configuration>,
     ) -> Decision<P> {
+        let before = meta.cloned();
         let mut meta = meta.cloned().unwrap_or_default();
         if let Some(fenced) = self.fenced(&meta, epoch) {
             return Decision::answer(fenced);
@@ -254,8 +255,10 @@ impl Rules {
         }
         meta.promise = meta.promise.max(epoch);
         meta.lac = meta.lac.max(lac.min(matched_to));
+        // An append that changes nothing (a probe, a repeat) needs no write.
+        let changed = before.as_ref() != Some(&meta);
         Decision {
-            meta: Some(meta),
+            meta: changed.then_some(meta),
             mutations,
             reply: Reply::Appended,
         }

@@ -93,6 +93,7 @@ impl MemoryLog {
                 from,
                 to,
                 max_entries,
+                max_bytes: _,
             } => {
                 let summary = self.summary().unwrap_or(LogSummary {
                     promise: Epoch::ZERO,
@@ -227,6 +228,15 @@ pub enum Fate {
     Unknown,
 }
 
+/// A confirmed read: the writer on `node` confirmed, after `started`, that the log ends at
+/// `highest`.
+#[derive(Clone, Debug)]
+pub struct Read {
+    pub node: usize,
+    pub started: Instant,
+    pub highest: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct Write {
     pub node: usize,
@@ -338,6 +348,9 @@ pub struct Simulation {
     next_op: u64,
     pub writes: BTreeMap<u64, Write>,
     pub replays: Vec<Replay>,
+    pub reads: Vec<Read>,
+    /// Confirmations in flight: op → (node, started, highest).
+    confirming: BTreeMap<u64, Read>,
     pub violations: Vec<Violation>,
     /// The final log read after healing.
     pub final_log: Option<Vec<(u64, u64)>>,
@@ -394,6 +407,7 @@ impl Simulation {
             recovery_timeout: Duration::from_secs(3),
             operation_timeout: Duration::from_secs(1),
             max_entries_per_request: 7,
+            max_bytes_per_request: 40,
             max_buffered_entries: 16,
             max_queued_operations: 8,
             max_recovery_attempts: 6,
@@ -421,6 +435,8 @@ impl Simulation {
             next_op: 1,
             writes: BTreeMap::new(),
             replays: Vec::new(),
+            reads: Vec::new(),
+            confirming: BTreeMap::new(),
             violations: Vec::new(),
             final_log: None,
             final_base: 0,
@@ -773,8 +789,23 @@ impl Simulation {
         let op = self.next_op;
         self.next_op += 1;
         let delete = self.rng.random_bool(self.scenario.delete_probability);
+        let confirm = !delete && self.rng.random_bool(0.1);
         let now = self.now;
-        if delete {
+        if confirm {
+            // A read: the client's state is the log up to seq - 1.
+            self.confirming.insert(
+                op,
+                Read {
+                    node,
+                    started: now,
+                    highest: seq - 1,
+                },
+            );
+            self.nodes[node].client.outstanding.insert(op, 0);
+            if let Some(writer) = self.nodes[node].client.writer.as_mut() {
+                writer.confirm(op, seq - 1, now);
+            }
+        } else if delete {
             let to = seq.saturating_sub(self.rng.random_range(1..5));
             if let Some(writer) = self.nodes[node].client.writer.as_mut() {
                 writer.delete_to(op, to, now);
@@ -867,6 +898,12 @@ impl Simulation {
         let Some(value) = self.nodes[node].client.outstanding.remove(&op) else {
             return;
         };
+        if let Some(read) = self.confirming.remove(&op) {
+            if outcome == Outcome::Acknowledged {
+                self.reads.push(read);
+            }
+            return;
+        }
         let Some(write) = self.writes.get_mut(&value) else {
             return;
         };
@@ -1076,6 +1113,7 @@ impl Simulation {
             from: reader.next,
             to: reader.highest,
             max_entries: 5,
+            max_bytes: 1 << 20,
         };
         self.send_request(node, incarnation, id, Target::Replica(source), request);
     }
@@ -1090,6 +1128,12 @@ impl Simulation {
         match answer {
             Answer::Response(Response::Entries { entries, summary }) => {
                 if reader.next <= summary.base.seq {
+                    if !reader.entries.is_empty() {
+                        // A later writer deleted what this replay was about to read: it
+                        // fails, as an entity's recovery would (an event is missing).
+                        self.nodes[node].client.reader = None;
+                        return;
+                    }
                     // Deleted at the source: the replay starts after the deleted prefix.
                     reader.next = summary.base.seq + 1;
                     reader.base = summary.base.seq;
@@ -1280,6 +1324,21 @@ impl Simulation {
                         "value {value} acknowledged before a replay on node {} began is not \
                          in it",
                         replay.node
+                    ));
+                }
+            }
+        }
+        // A confirmed read saw every value acknowledged before it began.
+        for read in &self.reads {
+            for (value, write) in &self.writes {
+                if let Fate::Acknowledged(at) = write.fate
+                    && at < read.started
+                    && write.seq > read.highest
+                {
+                    found.push(format!(
+                        "a read on node {} confirmed the log ends at {} after value {value} was \
+                         acknowledged at {}",
+                        read.node, read.highest, write.seq
                     ));
                 }
             }

@@ -9,7 +9,7 @@
 use super::{Ctx, RequestId, Target};
 use crate::configuration::{Configuration, ReplicaId};
 use crate::epoch::{Epoch, Position};
-use crate::message::{Entry, LogSummary, Request, Response};
+use crate::message::{Entry, LogSummary, Payload, Request, Response};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -141,7 +141,7 @@ impl Follower {
 
     /// Sends the next piece of the log if it is idle and behind `view.target`. Returns false
     /// when there is nothing to do (it matches up to the target, or it is busy).
-    pub fn copy<P: Clone>(&mut self, ctx: &mut Ctx<'_, P>, view: &LogView<'_, P>) -> bool {
+    pub fn copy<P: Payload>(&mut self, ctx: &mut Ctx<'_, P>, view: &LogView<'_, P>) -> bool {
         if !self.is_idle() {
             return false;
         }
@@ -161,12 +161,22 @@ impl Follower {
         };
         let last = target.min(next + ctx.settings.max_entries_per_request as u64 - 1);
         if let Some(prev) = prev {
+            let mut bytes = 0;
             let entries: Vec<Entry<P>> = view
                 .window
                 .range(next..=last)
+                .take_while(|(_, e)| {
+                    bytes += e.payload.size_bytes();
+                    bytes <= ctx.settings.max_bytes_per_request || e.seq == next
+                })
                 .map(|(_, e)| e.clone())
                 .collect();
-            if entries.len() as u64 == last - next + 1 {
+            let consecutive = entries
+                .iter()
+                .enumerate()
+                .all(|(i, e)| e.seq == next + i as u64);
+            if let (true, Some(to_seq)) = (consecutive, entries.last().map(|e| e.seq)) {
+                let last = to_seq;
                 let request = ctx.send(
                     Target::Replica(self.id.clone()),
                     Request::Append {
@@ -197,6 +207,7 @@ impl Follower {
                 from,
                 to: last,
                 max_entries: ctx.settings.max_entries_per_request as u32 + 1,
+                max_bytes: u32::try_from(ctx.settings.max_bytes_per_request).unwrap_or(u32::MAX),
             },
         );
         self.state = FollowerState::Reading { request, from };
@@ -226,7 +237,7 @@ impl Follower {
     }
 
     /// Handles the answer to the request it waits for.
-    pub fn on_response<P: Clone>(
+    pub fn on_response<P: Payload>(
         &mut self,
         ctx: &mut Ctx<'_, P>,
         view: &LogView<'_, P>,
@@ -293,7 +304,7 @@ impl Follower {
 
     /// Entries read from a source for this follower: send them on, or install it first when
     /// the source deleted what it needs.
-    fn copy_read<P: Clone>(
+    fn copy_read<P: Payload>(
         &mut self,
         ctx: &mut Ctx<'_, P>,
         view: &LogView<'_, P>,

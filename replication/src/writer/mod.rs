@@ -27,12 +27,11 @@ mod serving;
 
 use crate::configuration::{Configuration, Quorums, ReplicaId};
 use crate::epoch::Epoch;
-use crate::message::{ConfigAt, Request, Response};
+use crate::message::{ConfigAt, Payload, Request, Response};
 use locate::Locating;
 use recovery::Recovery;
 use serving::Serving;
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt;
 use std::time::{Duration, Instant};
 use tessera_cluster::Address;
 
@@ -55,6 +54,8 @@ pub struct WriterSettings {
     pub operation_timeout: Duration,
     /// Most entries in one append or read.
     pub max_entries_per_request: usize,
+    /// Most payload bytes in one append or read (a single larger entry still goes alone).
+    pub max_bytes_per_request: usize,
     /// Recent entries kept in memory for replicas that fall behind; older ones are read
     /// from a replica that has them.
     pub max_buffered_entries: usize,
@@ -73,6 +74,7 @@ impl Default for WriterSettings {
             recovery_timeout: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(5),
             max_entries_per_request: 1_000,
+            max_bytes_per_request: 1024 * 1024,
             max_buffered_entries: 4_096,
             max_queued_operations: 1_024,
             max_recovery_attempts: 8,
@@ -178,6 +180,7 @@ pub enum Output<P> {
 pub(crate) enum Operation<P> {
     Append { first_seq: u64, payloads: Vec<P> },
     DeleteTo { to: u64 },
+    Confirm { highest: u64 },
 }
 
 #[derive(Clone, Debug)]
@@ -276,7 +279,7 @@ pub struct LogWriter<P> {
     ready: bool,
 }
 
-impl<P: Clone + fmt::Debug> LogWriter<P> {
+impl<P: Payload> LogWriter<P> {
     /// A writer instance with the random id `writer_id` (never reused: it is part of every
     /// epoch it chooses). `known` is the configuration this node's own replica holds for
     /// the log, if any: the writer then starts recovering there instead of locating.
@@ -422,6 +425,22 @@ impl<P: Clone + fmt::Debug> LogWriter<P> {
             Queued {
                 op,
                 operation: Operation::DeleteTo { to },
+                submitted: now,
+            },
+            now,
+        );
+    }
+
+    /// Confirms that this writer still holds the log and that it ends at `highest`: W members
+    /// of the configuration take an empty write of its epoch after this call. Once confirmed,
+    /// no other writer had taken the log over when the call was made, so a read of state up
+    /// to `highest` is current (linearizable). Acknowledged, or not applied when the log has
+    /// another end.
+    pub fn confirm(&mut self, op: OpId, highest: u64, now: Instant) {
+        self.submit(
+            Queued {
+                op,
+                operation: Operation::Confirm { highest },
                 submitted: now,
             },
             now,

@@ -23,7 +23,7 @@ use super::serving::Serving;
 use super::{Ctx, Next, RecoverFrom, RequestId, StopReason, Target};
 use crate::configuration::{Configuration, ReplicaId};
 use crate::epoch::{Epoch, Position};
-use crate::message::{Entry, LogSummary, Request, Response};
+use crate::message::{Entry, LogSummary, Payload, Request, Response};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -73,7 +73,7 @@ pub(crate) struct Recovery<P> {
     sealed: BTreeSet<ReplicaId>,
 }
 
-impl<P: Clone + std::fmt::Debug> Recovery<P> {
+impl<P: Payload> Recovery<P> {
     pub fn start(ctx: &mut Ctx<'_, P>, from: RecoverFrom) -> (Self, Next<P>) {
         let epoch = Epoch::after(from.seen, ctx.writer_id);
         let mut recovery = Recovery {

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::configuration::{Configuration, ReplicaId};
 use crate::epoch::{Epoch, Position};
-use crate::message::{Entry, Request, Response};
+use crate::message::{Entry, Payload, Request, Response};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 use tessera_cluster::Address;
@@ -22,9 +22,10 @@ enum InFlight {
         last_seq: u64,
         started: Instant,
     },
-    Delete {
+    /// A delete, or a confirmation (`to: None`): empty writes to the members, counted.
+    Quorum {
         op: OpId,
-        to: u64,
+        to: Option<u64>,
         started: Instant,
         requests: BTreeMap<RequestId, ReplicaId>,
         acks: BTreeSet<ReplicaId>,
@@ -34,13 +35,13 @@ enum InFlight {
 impl InFlight {
     fn op(&self) -> OpId {
         match self {
-            InFlight::Append { op, .. } | InFlight::Delete { op, .. } => *op,
+            InFlight::Append { op, .. } | InFlight::Quorum { op, .. } => *op,
         }
     }
 
     fn started(&self) -> Instant {
         match self {
-            InFlight::Append { started, .. } | InFlight::Delete { started, .. } => *started,
+            InFlight::Append { started, .. } | InFlight::Quorum { started, .. } => *started,
         }
     }
 }
@@ -58,7 +59,7 @@ pub(crate) struct Serving<P> {
     probing: Option<(RequestId, Address)>,
 }
 
-impl<P: Clone + std::fmt::Debug> Serving<P> {
+impl<P: Payload> Serving<P> {
     pub fn new(
         epoch: Epoch,
         config: Configuration,
@@ -172,6 +173,7 @@ impl<P: Clone + std::fmt::Debug> Serving<P> {
                     payloads,
                 } => self.start_append(ctx, queued.op, first_seq, payloads),
                 Operation::DeleteTo { to } => self.start_delete(ctx, queued.op, to),
+                Operation::Confirm { highest } => self.start_confirm(ctx, queued.op, highest),
             }
         }
         if self.in_flight.is_none() && self.probing.is_none() {
@@ -244,6 +246,21 @@ impl<P: Clone + std::fmt::Debug> Serving<P> {
         }
     }
 
+    /// An empty write of the writer's epoch and mark to an in-sync member.
+    fn send_mark(&self, ctx: &mut Ctx<'_, P>, member: &ReplicaId) -> RequestId {
+        let has_config = self.followers.get(member).is_some_and(|f| f.has_config);
+        ctx.send(
+            Target::Replica(member.clone()),
+            Request::Append {
+                epoch: self.epoch,
+                prev: self.last,
+                entries: Vec::new(),
+                lac: self.lac,
+                config: (!has_config).then(|| self.config.clone()),
+            },
+        )
+    }
+
     fn start_delete(&mut self, ctx: &mut Ctx<'_, P>, op: OpId, to: u64) {
         let to = to.min(self.lac);
         if to <= self.deleted_to {
@@ -257,17 +274,7 @@ impl<P: Clone + std::fmt::Debug> Serving<P> {
         for member in self.in_sync() {
             // The mark first, so the replica knows `to` is acknowledged; the connection keeps
             // the two in order.
-            let has_config = self.followers.get(&member).is_some_and(|f| f.has_config);
-            ctx.send(
-                Target::Replica(member.clone()),
-                Request::Append {
-                    epoch: self.epoch,
-                    prev: self.last,
-                    entries: Vec::new(),
-                    lac: self.lac,
-                    config: (!has_config).then(|| self.config.clone()),
-                },
-            );
+            self.send_mark(ctx, &member);
             let id = ctx.send(
                 Target::Replica(member.clone()),
                 Request::DeleteTo {
@@ -277,9 +284,34 @@ impl<P: Clone + std::fmt::Debug> Serving<P> {
             );
             requests.insert(id, member);
         }
-        self.in_flight = Some(InFlight::Delete {
+        self.in_flight = Some(InFlight::Quorum {
             op,
-            to,
+            to: Some(to),
+            started: ctx.now,
+            requests,
+            acks: BTreeSet::new(),
+        });
+    }
+
+    fn start_confirm(&mut self, ctx: &mut Ctx<'_, P>, op: OpId, highest: u64) {
+        if highest != self.last.seq {
+            ctx.out.push(Output::Completed {
+                op,
+                outcome: Outcome::NotApplied(NotApplied::SequenceMismatch {
+                    expected: self.last.seq + 1,
+                    got: highest + 1,
+                }),
+            });
+            return;
+        }
+        let mut requests = BTreeMap::new();
+        for member in self.in_sync() {
+            let id = self.send_mark(ctx, &member);
+            requests.insert(id, member);
+        }
+        self.in_flight = Some(InFlight::Quorum {
+            op,
+            to: None,
             started: ctx.now,
             requests,
             acks: BTreeSet::new(),
@@ -331,7 +363,7 @@ impl<P: Clone + std::fmt::Debug> Serving<P> {
                 _ => Next::Stay,
             };
         }
-        if let Some(InFlight::Delete {
+        if let Some(InFlight::Quorum {
             op,
             to,
             requests,
@@ -341,12 +373,14 @@ impl<P: Clone + std::fmt::Debug> Serving<P> {
             && let Some(member) = requests.remove(&id)
         {
             match response {
-                Response::Deleted { .. } => {
+                Response::Deleted { .. } | Response::Appended { .. } => {
                     acks.insert(member);
                     let quorums = ctx.settings.quorums;
                     if self.config.has_quorum(acks.iter(), |n| quorums.acks(n)) {
                         let (op, to) = (*op, *to);
-                        self.deleted_to = self.deleted_to.max(to);
+                        if let Some(to) = to {
+                            self.deleted_to = self.deleted_to.max(to);
+                        }
                         self.in_flight = None;
                         ctx.out.push(Output::Completed {
                             op,
