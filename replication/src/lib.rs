@@ -4,7 +4,8 @@
 //! - [`epoch`]: epochs (which writer) and positions (how up to date a log is).
 //! - [`configuration`]: replica identities, a log's configuration, quorum sizes.
 //! - [`message`]: what writers and replicas say to each other.
-//! - [`replica`]: the replica's rules, as pure decisions the stores apply.
+//! - [`replica`]: the replica's rules, as pure decisions the stores apply; [`memory`] applies
+//!   them to a log in memory.
 //! - [`writer`]: the writer of one log: locate, fence, recover, seal, append, copy, move.
 //! - [`placement`]: the consistent-hash ring that says where logs should live.
 //! - [`sim`]: a deterministic simulation of writers and replicas over a faulty network, with
@@ -15,6 +16,7 @@
 
 pub mod configuration;
 pub mod epoch;
+pub mod memory;
 pub mod message;
 pub mod placement;
 pub mod replica;
@@ -23,8 +25,8 @@ pub mod writer;
 
 pub use configuration::{Configuration, QuorumError, Quorums, ReplicaId};
 pub use epoch::{Epoch, Position};
-pub use message::{ConfigAt, Entry, LogSummary, Request, Response};
+pub use message::{ConfigAt, Entry, LogSummary, Payload, Request, Response};
 pub use writer::{
     LogWriter, NotApplied, OpId, Outcome, Output, Placement, RequestId, StopReason, Target,
-    WriterSettings, WriterStatus,
+    WriterCounters, WriterSettings, WriterStatus,
 };

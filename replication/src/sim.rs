@@ -15,10 +15,11 @@
 //! no replica's promise ever going down.
 
 use crate::configuration::{Quorums, ReplicaId};
-use crate::epoch::{Epoch, Position};
-use crate::message::{Entry, LogSummary, Request, Response};
+use crate::epoch::Epoch;
+use crate::memory::{MemoryLog, ReadLimits};
+use crate::message::{Request, Response};
 use crate::placement::Ring;
-use crate::replica::{Decision, EntryEpochs, LogMeta, Mutation, Reply, Rules, Sabotage};
+use crate::replica::{Rules, Sabotage};
 use crate::writer::{LogWriter, Outcome, Output, Placement, RequestId, Target, WriterSettings};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -29,134 +30,6 @@ use tessera_cluster::Address;
 
 /// The simulated log's id (placement hashes it).
 pub const LOG_ID: &str = "account|sim";
-
-/// A replica's store of the one log, in memory.
-#[derive(Clone, Debug, Default)]
-pub struct MemoryLog {
-    pub meta: Option<LogMeta>,
-    pub entries: BTreeMap<u64, Entry<u64>>,
-}
-
-impl EntryEpochs for MemoryLog {
-    fn epoch_at(&self, seq: u64) -> Option<Epoch> {
-        self.entries.get(&seq).map(|e| e.epoch)
-    }
-}
-
-impl MemoryLog {
-    /// Applies a decision: the meta, then the entry mutations, as one atomic write.
-    pub fn apply(&mut self, decision: Decision<u64>) -> Reply {
-        if let Some(meta) = decision.meta {
-            self.meta = Some(meta);
-        }
-        for mutation in decision.mutations {
-            match mutation {
-                Mutation::TruncateFrom(seq) => {
-                    self.entries.split_off(&seq);
-                }
-                Mutation::Put(entry) => {
-                    self.entries.insert(entry.seq, entry);
-                }
-                Mutation::Reseal { seq, epoch } => {
-                    if let Some(entry) = self.entries.get_mut(&seq) {
-                        entry.epoch = epoch;
-                    }
-                }
-                Mutation::DeleteTo(seq) => {
-                    self.entries = self.entries.split_off(&(seq.saturating_add(1)));
-                }
-            }
-        }
-        decision.reply
-    }
-
-    fn summary(&self) -> Option<LogSummary> {
-        self.meta.as_ref().map(|m| m.summary())
-    }
-
-    /// Answers one request, as a replica service does.
-    pub fn handle(
-        &mut self,
-        rules: &Rules,
-        request: Request<u64>,
-        max_tail: usize,
-    ) -> Response<u64> {
-        let meta = self.meta.clone();
-        let decision = match request {
-            Request::Locate => {
-                return Response::Located {
-                    storage_id: 0,
-                    summary: self.summary(),
-                };
-            }
-            Request::Read {
-                from,
-                to,
-                max_entries,
-                max_bytes: _,
-            } => {
-                let summary = self.summary().unwrap_or(LogSummary {
-                    promise: Epoch::ZERO,
-                    last: Position::START,
-                    lac: 0,
-                    base: Position::START,
-                    config: None,
-                });
-                let entries = self
-                    .entries
-                    .range(from..=to)
-                    .take(max_entries as usize)
-                    .map(|(_, e)| e.clone())
-                    .collect();
-                return Response::Entries { entries, summary };
-            }
-            Request::Prepare { epoch } => rules.prepare(meta.as_ref(), epoch),
-            Request::Append {
-                epoch,
-                prev,
-                entries,
-                lac,
-                config,
-            } => rules.append(meta.as_ref(), self, epoch, prev, entries, lac, config),
-            Request::Seal { epoch, at, config } => {
-                rules.seal(meta.as_ref(), self, epoch, at, config)
-            }
-            Request::Install {
-                epoch,
-                base,
-                config,
-            } => rules.install(meta.as_ref(), epoch, base, config),
-            Request::DeleteTo { epoch, to } => rules.delete_to(meta.as_ref(), self, epoch, to),
-        };
-        let reply = self.apply(decision);
-        let summary = self
-            .summary()
-            .unwrap_or_else(|| LogMeta::default().summary());
-        match reply {
-            Reply::Promised => {
-                let tail: Vec<Entry<u64>> = self
-                    .entries
-                    .range(summary.lac.saturating_add(1)..)
-                    .take(max_tail + 1)
-                    .map(|(_, e)| e.clone())
-                    .collect();
-                let complete = tail.len() <= max_tail;
-                Response::Promised {
-                    summary,
-                    tail: tail.into_iter().take(max_tail).collect(),
-                    tail_complete: complete,
-                }
-            }
-            Reply::Appended => Response::Appended { summary },
-            Reply::Sealed => Response::Sealed { summary },
-            Reply::Installed => Response::Installed { summary },
-            Reply::Deleted => Response::Deleted { summary },
-            Reply::Fenced(promise) => Response::Fenced { promise },
-            Reply::Mismatch => Response::Mismatch { summary },
-            Reply::Invalid(reason) => Response::Invalid { reason },
-        }
-    }
-}
 
 /// The faults of one simulated run. Times are offsets from the start.
 #[derive(Clone, Debug, Default)]
@@ -183,6 +56,9 @@ pub struct Scenario {
     pub delete_probability: f64,
     /// Deliberately broken replica rules (to show the checks catch it).
     pub sabotage: Sabotage,
+    /// After healing, every serving writer must have brought every member up to its log
+    /// (for scenarios with one writer, whose writer lives through the faults).
+    pub check_caught_up: bool,
 }
 
 /// A fault the scenario injects, at a random moment, for a random time.
@@ -317,7 +193,7 @@ struct Client {
 struct Node {
     address: Address,
     storage_id: u64,
-    log: MemoryLog,
+    log: MemoryLog<u64>,
     down: bool,
     paused_until: Option<Instant>,
     client: Client,
@@ -541,6 +417,9 @@ impl Simulation {
         self.scenario.duplicate_probability = 0.0;
         let settle = self.now + Duration::from_secs(6);
         self.run_until(settle, false);
+        if self.scenario.check_caught_up {
+            self.check_caught_up();
+        }
         self.audit();
     }
 
@@ -1002,7 +881,11 @@ impl Simulation {
             Target::Replica(replica) if replica.storage_id != storage_id => Answer::WrongStorage,
             _ => {
                 let rules = self.rules;
-                let mut response = self.nodes[to].log.handle(&rules, request, 5);
+                let limits = ReadLimits {
+                    max_tail_entries: 5,
+                    max_bytes: 1 << 20,
+                };
+                let mut response = self.nodes[to].log.handle(&rules, request, limits);
                 if let Response::Located { storage_id: s, .. } = &mut response {
                     *s = storage_id;
                 }
@@ -1200,6 +1083,31 @@ impl Simulation {
         }
     }
 
+    fn check_caught_up(&mut self) {
+        for node in 0..self.nodes.len() {
+            let Some(status) = self.nodes[node].client.writer.as_ref().map(|w| w.status()) else {
+                continue;
+            };
+            if status.phase != "serving" {
+                continue;
+            }
+            let behind: Vec<String> = status
+                .matched
+                .iter()
+                .filter(|(_, matched)| Some(*matched) != status.highest)
+                .map(|(replica, matched)| format!("{} at {matched}", replica.address))
+                .collect();
+            if !behind.is_empty() {
+                self.violation(format!(
+                    "6 s after healing, the writer on node {node} (log at {:?}) still has \
+                     members behind: {}",
+                    status.highest,
+                    behind.join(", ")
+                ));
+            }
+        }
+    }
+
     /// After healing, a serving writer moves the log onto live replicas within bounded time:
     /// its configuration must end up with N members, each a current member with its current
     /// store.
@@ -1219,12 +1127,16 @@ impl Simulation {
         while self.now < deadline {
             let next = self.now + TICK;
             self.run_until(next, false);
-            config = self.nodes[node]
-                .client
-                .writer
-                .as_ref()
-                .and_then(|w| w.status().config);
+            let status = self.nodes[node].client.writer.as_ref().map(|w| w.status());
+            config = status.as_ref().and_then(|s| s.config.clone());
+            // Every member caught up with the writer, too.
+            let caught_up = status.as_ref().is_some_and(|s| {
+                s.matched
+                    .iter()
+                    .all(|(_, matched)| Some(*matched) == s.highest)
+            });
             if let Some(c) = &config
+                && caught_up
                 && !c.is_joint()
                 && c.members.len() == wanted
                 && c.members.iter().all(|m| live.contains(m))
@@ -1234,7 +1146,8 @@ impl Simulation {
             }
         }
         self.violation(format!(
-            "5 s after healing the log is still not on {wanted} live replicas: {config:?}"
+            "5 s after healing the log is still not on {wanted} live, caught-up replicas: \
+             {config:?}"
         ));
     }
 

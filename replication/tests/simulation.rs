@@ -96,6 +96,22 @@ fn a_replica_that_lost_its_disk_is_replaced_not_trusted() {
 }
 
 #[test]
+fn a_lone_writer_brings_restarted_and_lagging_replicas_up_to_date() {
+    run(Scenario {
+        writers: vec![0],
+        faults: vec![
+            FaultKind::CrashReplica,
+            FaultKind::CrashReplica,
+            FaultKind::PartitionOneFromRest,
+        ],
+        latency_ms: (1, 20),
+        drop_probability: 0.02,
+        check_caught_up: true,
+        ..base("one writer, replicas crash")
+    });
+}
+
+#[test]
 fn message_loss_duplication_and_reordering() {
     let stats = run(Scenario {
         latency_ms: (1, 40),

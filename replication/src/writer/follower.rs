@@ -75,6 +75,8 @@ pub(crate) struct Follower {
     pub committed: u64,
     /// It took a write of this writer's epoch, so it holds the writer's configuration.
     pub has_config: bool,
+    /// Its log is known (from a promise or an answer); an unknown one is probed first.
+    pub known: bool,
     pub state: FollowerState,
 }
 
@@ -86,6 +88,7 @@ impl Follower {
             matched: 0,
             committed: 0,
             has_config: false,
+            known: false,
             state: FollowerState::Idle,
         }
     }
@@ -97,6 +100,7 @@ impl Follower {
             matched,
             committed: summary.committed(),
             has_config: false,
+            known: true,
             state: FollowerState::Idle,
         }
     }
@@ -177,6 +181,7 @@ impl Follower {
                 .all(|(i, e)| e.seq == next + i as u64);
             if let (true, Some(to_seq)) = (consecutive, entries.last().map(|e| e.seq)) {
                 let last = to_seq;
+                ctx.counters.entries_copied += entries.len() as u64;
                 let request = ctx.send(
                     Target::Replica(self.id.clone()),
                     Request::Append {
@@ -249,6 +254,9 @@ impl Follower {
             Response::Appended { .. } | Response::Sealed { .. } | Response::Installed { .. }
         ) {
             self.has_config = true;
+        }
+        if !matches!(response, Response::Entries { .. } | Response::Fenced { .. }) {
+            self.known = true;
         }
         match (state, response) {
             (_, Response::Fenced { promise }) => Heard::Fenced(promise),
@@ -359,6 +367,7 @@ impl Follower {
         if !consecutive {
             return Heard::Invalid(format!("a read for {} returned a gap", self.id));
         }
+        ctx.counters.entries_copied += entries.len() as u64;
         let request = ctx.send(
             Target::Replica(self.id.clone()),
             Request::Append {

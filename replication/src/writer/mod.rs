@@ -197,6 +197,15 @@ pub(crate) struct Sent {
     pub deadline: Instant,
 }
 
+/// What a writer counts, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterCounters {
+    /// Entries sent to replicas that lacked them (repairs and catch-ups).
+    pub entries_copied: u64,
+    /// Configuration changes completed.
+    pub reconfigurations: u64,
+}
+
 /// Everything phases share: settings, the clock of this step, outputs, open requests.
 pub(crate) struct Ctx<'a, P> {
     pub settings: &'a WriterSettings,
@@ -206,6 +215,7 @@ pub(crate) struct Ctx<'a, P> {
     pub sent: &'a mut BTreeMap<RequestId, Sent>,
     pub next_request: &'a mut RequestId,
     pub placement: &'a Placement,
+    pub counters: &'a mut WriterCounters,
 }
 
 impl<P> Ctx<'_, P> {
@@ -277,6 +287,9 @@ pub struct LogWriter<P> {
     recoveries: u32,
     started: Instant,
     ready: bool,
+    counters: WriterCounters,
+    /// The configuration served last, to count changes.
+    served_config: Option<Configuration>,
 }
 
 impl<P: Payload> LogWriter<P> {
@@ -302,6 +315,8 @@ impl<P: Payload> LogWriter<P> {
             recoveries: 0,
             started: now,
             ready: false,
+            counters: WriterCounters::default(),
+            served_config: None,
         };
         let next = match known {
             Some(known) => Next::Recover(RecoverFrom {
@@ -332,12 +347,24 @@ impl<P: Payload> LogWriter<P> {
             sent: &mut self.sent,
             next_request: &mut self.next_request,
             placement: &self.placement,
+            counters: &mut self.counters,
         }
     }
 
     /// Takes the outputs produced so far, in order.
     pub fn take_outputs(&mut self) -> Vec<Output<P>> {
         std::mem::take(&mut self.out)
+    }
+
+    /// What it counted so far.
+    pub fn counters(&self) -> WriterCounters {
+        self.counters
+    }
+
+    /// Whether time-driven work is pending (a request out, an operation waiting, a recovery
+    /// under way); an idle serving writer needs only an occasional tick.
+    pub fn needs_tick(&self) -> bool {
+        !self.sent.is_empty() || !self.queue.is_empty() || !self.is_serving()
     }
 
     /// True once the writer stopped.
@@ -481,6 +508,7 @@ impl<P: Payload> LogWriter<P> {
                     sent: &mut self.sent,
                     next_request: &mut self.next_request,
                     placement: &self.placement,
+                    counters: &mut self.counters,
                 };
                 serving.pump(&mut ctx, &mut self.queue)
             }
@@ -606,6 +634,7 @@ impl<P: Payload> LogWriter<P> {
             sent: &mut self.sent,
             next_request: &mut self.next_request,
             placement: &self.placement,
+            counters: &mut self.counters,
         };
         step(&mut self.phase, &mut ctx)
     }
@@ -643,6 +672,7 @@ impl<P: Payload> LogWriter<P> {
                             sent: &mut self.sent,
                             next_request: &mut self.next_request,
                             placement: &self.placement,
+                            counters: &mut self.counters,
                         };
                         let (recovery, next) = Recovery::start(&mut ctx, from);
                         self.phase = Phase::Recovering(Box::new(recovery));
@@ -650,6 +680,11 @@ impl<P: Payload> LogWriter<P> {
                     }
                 }
                 Next::Serve(serving) => {
+                    let config = serving.status().config;
+                    if self.served_config.is_some() && self.served_config != config {
+                        self.counters.reconfigurations += 1;
+                    }
+                    self.served_config = config;
                     if !self.ready {
                         self.ready = true;
                         self.out.push(Output::Ready {
@@ -666,6 +701,7 @@ impl<P: Payload> LogWriter<P> {
                         sent: &mut self.sent,
                         next_request: &mut self.next_request,
                         placement: &self.placement,
+                        counters: &mut self.counters,
                     };
                     match &mut self.phase {
                         Phase::Serving(s) => s.start(&mut ctx, &mut self.queue),

@@ -154,7 +154,7 @@ impl<P: Payload> Serving<P> {
         if !follower.is_idle() {
             return;
         }
-        if follower.matched == 0 && follower.committed == 0 && view.target.seq > 0 {
+        if !follower.known && view.target.seq > 0 {
             follower.probe(ctx, &view);
         } else {
             follower.copy(ctx, &view);

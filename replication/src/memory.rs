@@ -1,0 +1,168 @@
+//! A replica's log held in memory, applying [`Rules`] exactly as the RocksDB store does: the
+//! simulation's replicas, and the in-memory replica store of the tokio layer's tests.
+
+use crate::epoch::Epoch;
+use crate::message::{Entry, LogSummary, Payload, Request, Response};
+use crate::replica::{Decision, EntryEpochs, LogMeta, Mutation, Reply, Rules};
+use std::collections::BTreeMap;
+
+/// Bounds on what one answer carries.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadLimits {
+    /// Entries above the acknowledged mark sent with a promise (the rest is read).
+    pub max_tail_entries: usize,
+    /// Payload bytes in a promise's tail or a read, beyond its first entry.
+    pub max_bytes: usize,
+}
+
+/// One log of a replica, in memory.
+#[derive(Clone, Debug)]
+pub struct MemoryLog<P> {
+    pub meta: Option<LogMeta>,
+    pub entries: BTreeMap<u64, Entry<P>>,
+}
+
+impl<P> Default for MemoryLog<P> {
+    fn default() -> Self {
+        MemoryLog {
+            meta: None,
+            entries: BTreeMap::new(),
+        }
+    }
+}
+
+impl<P> EntryEpochs for MemoryLog<P> {
+    fn epoch_at(&self, seq: u64) -> Option<Epoch> {
+        self.entries.get(&seq).map(|e| e.epoch)
+    }
+}
+
+/// Entries of `range` in order, at most `max_entries` and `max_bytes` (but at least one).
+fn take_bounded<'a, P: Payload + 'a>(
+    entries: impl Iterator<Item = &'a Entry<P>>,
+    max_entries: usize,
+    max_bytes: usize,
+) -> (Vec<Entry<P>>, bool) {
+    let mut taken = Vec::new();
+    let mut bytes = 0;
+    for entry in entries {
+        bytes += entry.payload.size_bytes();
+        if taken.len() >= max_entries || (bytes > max_bytes && !taken.is_empty()) {
+            return (taken, false);
+        }
+        taken.push(entry.clone());
+    }
+    (taken, true)
+}
+
+impl<P: Payload> MemoryLog<P> {
+    /// Applies a decision: the meta, then the entry mutations, as one atomic write.
+    pub fn apply(&mut self, decision: Decision<P>) -> Reply {
+        if let Some(meta) = decision.meta {
+            self.meta = Some(meta);
+        }
+        for mutation in decision.mutations {
+            match mutation {
+                Mutation::TruncateFrom(seq) => {
+                    self.entries.split_off(&seq);
+                }
+                Mutation::Put(entry) => {
+                    self.entries.insert(entry.seq, entry);
+                }
+                Mutation::Reseal { seq, epoch } => {
+                    if let Some(entry) = self.entries.get_mut(&seq) {
+                        entry.epoch = epoch;
+                    }
+                }
+                Mutation::DeleteTo(seq) => {
+                    self.entries = self.entries.split_off(&(seq.saturating_add(1)));
+                }
+            }
+        }
+        decision.reply
+    }
+
+    pub fn summary(&self) -> Option<LogSummary> {
+        self.meta.as_ref().map(|m| m.summary())
+    }
+
+    /// Answers one request, as a replica service does (`Locate` answers with storage id 0:
+    /// the caller fills in its own).
+    pub fn handle(
+        &mut self,
+        rules: &Rules,
+        request: Request<P>,
+        limits: ReadLimits,
+    ) -> Response<P> {
+        let meta = self.meta.clone();
+        let decision = match request {
+            Request::Locate => {
+                return Response::Located {
+                    storage_id: 0,
+                    summary: self.summary(),
+                };
+            }
+            Request::Read {
+                from,
+                to,
+                max_entries,
+                max_bytes,
+            } => {
+                let summary = self
+                    .summary()
+                    .unwrap_or_else(|| LogMeta::default().summary());
+                let max_bytes = (max_bytes as usize).min(limits.max_bytes);
+                let (entries, _) = take_bounded(
+                    self.entries.range(from..=to).map(|(_, e)| e),
+                    max_entries as usize,
+                    max_bytes,
+                );
+                return Response::Entries { entries, summary };
+            }
+            Request::Prepare { epoch } => rules.prepare(meta.as_ref(), epoch),
+            Request::Append {
+                epoch,
+                prev,
+                entries,
+                lac,
+                config,
+            } => rules.append(meta.as_ref(), self, epoch, prev, entries, lac, config),
+            Request::Seal { epoch, at, config } => {
+                rules.seal(meta.as_ref(), self, epoch, at, config)
+            }
+            Request::Install {
+                epoch,
+                base,
+                config,
+            } => rules.install(meta.as_ref(), epoch, base, config),
+            Request::DeleteTo { epoch, to } => rules.delete_to(meta.as_ref(), self, epoch, to),
+        };
+        let reply = self.apply(decision);
+        let summary = self
+            .summary()
+            .unwrap_or_else(|| LogMeta::default().summary());
+        match reply {
+            Reply::Promised => {
+                let (tail, tail_complete) = take_bounded(
+                    self.entries
+                        .range(summary.lac.saturating_add(1)..)
+                        .map(|(_, e)| e),
+                    limits.max_tail_entries,
+                    limits.max_bytes,
+                );
+                Response::Promised {
+                    summary,
+                    tail,
+                    tail_complete,
+                }
+            }
+            Reply::Appended => Response::Appended { summary },
+            Reply::Sealed => Response::Sealed { summary },
+            Reply::Installed => Response::Installed { summary },
+            Reply::Deleted => Response::Deleted { summary },
+            Reply::Fenced(promise) => Response::Fenced { promise },
+            Reply::Mismatch => Response::Mismatch { summary },
+            Reply::Invalid(reason) => Response::Invalid { reason },
+        }
+    }
+}
