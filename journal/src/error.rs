@@ -91,6 +91,41 @@ pub enum JournalError {
     /// The journal was closed.
     #[error("the journal is closed")]
     Closed,
+    /// A replicated log could not be served: too few of its replicas answered, or it could
+    /// not be found or created. Nothing of the operation was written; retry later.
+    #[error("the log {persistence_id} is unavailable: {reason}; nothing was written")]
+    Unavailable {
+        persistence_id: String,
+        reason: String,
+    },
+    /// Another writer (on another node, or a later activation) took the replicated log over
+    /// before this operation was sent. Nothing of it was written.
+    #[error(
+        "the log {persistence_id} was taken over by another writer: {reason}; nothing was written"
+    )]
+    Fenced {
+        persistence_id: String,
+        reason: String,
+    },
+    /// A write to a replicated log was sent but not acknowledged: it may or may not be
+    /// stored, and appear in later replays. The writer gave the log up; the next recovery
+    /// tells.
+    #[error("the outcome of a write to {persistence_id} is unknown: {reason}")]
+    OutcomeUnknown {
+        persistence_id: String,
+        reason: String,
+    },
+}
+
+impl JournalError {
+    /// Whether the operation certainly did not take effect (nothing of it can appear later).
+    /// False only for [`JournalError::OutcomeUnknown`] and storage failures of an append.
+    pub fn is_not_applied(&self) -> bool {
+        !matches!(
+            self,
+            JournalError::OutcomeUnknown { .. } | JournalError::Storage(_)
+        )
+    }
 }
 
 impl From<rocksdb::Error> for JournalError {

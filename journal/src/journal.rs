@@ -74,4 +74,24 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Every persistence id that has events or had them, in the order of their first write.
     fn persistence_ids(&self, mode: QueryMode) -> JournalStream<String>;
+
+    /// Whether a reply computed from a log's events up to `highest` needs
+    /// [`Journal::confirm_writer`] first: true for a journal whose logs another node may take
+    /// over (the replicated journal), false for one that only this process writes.
+    fn confirms_reads(&self) -> bool {
+        false
+    }
+
+    /// Confirms that this process still writes the log and that it ends at `highest`, so
+    /// that state folded from its events up to `highest` is current: once it resolves `Ok`,
+    /// no other writer had taken the log over when it was called. `Err` (typically
+    /// [`JournalError::Fenced`]) means the state may be stale. A journal that only this
+    /// process writes confirms at once.
+    fn confirm_writer(
+        &self,
+        _persistence_id: &str,
+        _highest: u64,
+    ) -> BoxFuture<'static, Result<(), JournalError>> {
+        Box::pin(futures::future::ready(Ok(())))
+    }
 }

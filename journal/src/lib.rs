@@ -22,6 +22,6 @@ pub use journal::{Journal, JournalStream, QueryMode};
 pub use record::{
     AtomicWrite, EventEnvelope, Manifest, NewEvent, PersistentRepr, RECORD_FORMAT_VERSION,
 };
-pub use rocks::{RocksJournal, STORE_FORMAT_VERSION, event_key, rocksdb_options};
+pub use rocks::{RocksJournal, STORE_FORMAT_VERSION, event_key, rocksdb_options, validate_write};
 /// The string type of the names in [`PersistentRepr`] and [`Manifest`].
 pub use smol_str::SmolStr;

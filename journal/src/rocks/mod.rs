@@ -205,7 +205,9 @@ impl RocksJournal {
 
 /// Checks what can be checked without the log's state, so that a malformed write never takes
 /// a place in the writer's queue.
-fn validate_write(write: &AtomicWrite, max_write_bytes: usize) -> Result<(), JournalError> {
+///
+/// Public for the replicated journal, which checks writes the same way before it sends them.
+pub fn validate_write(write: &AtomicWrite, max_write_bytes: usize) -> Result<(), JournalError> {
     validate_name("persistence id", &write.persistence_id)?;
     validate_name("writer id", &write.writer_id)?;
     let Some(first) = write.events.first() else {
