@@ -72,6 +72,8 @@ pub mod services {
     pub const HEARTBEAT: ServiceId = 2;
     /// Distributed Data: the Replicator's reads, writes, deltas and anti-entropy.
     pub const REPLICATOR: ServiceId = 3;
+    /// The replicated journal and snapshot store: a node's replica store.
+    pub const JOURNAL_REPLICA: ServiceId = 4;
 }
 
 /// Which outbound queue a message waits in. Control traffic (heartbeats, membership) is always

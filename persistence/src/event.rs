@@ -1,0 +1,65 @@
+//! What a replicated log's entries carry: one event, as the writer handed it in.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
+use tessera_journal::{Manifest, NewEvent, PersistentRepr};
+use tessera_replication::Payload;
+
+/// An event in a replicated log (its sequence number is the entry's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredEvent {
+    pub timestamp_ms: u64,
+    pub writer_id: String,
+    pub manifest: String,
+    pub manifest_version: u32,
+    pub payload: Bytes,
+    pub tags: Vec<String>,
+}
+
+impl StoredEvent {
+    /// The event of a write, by `writer_id`.
+    pub fn from_new(writer_id: &str, event: &NewEvent) -> Self {
+        StoredEvent {
+            timestamp_ms: event.timestamp_ms,
+            writer_id: writer_id.to_string(),
+            manifest: event.manifest.type_name.to_string(),
+            manifest_version: event.manifest.version,
+            payload: event.payload.clone(),
+            tags: event.tags.clone(),
+        }
+    }
+
+    /// The event back as a journal event of log `persistence_id` at `sequence_nr`.
+    pub fn to_repr(&self, persistence_id: &str, sequence_nr: u64) -> PersistentRepr {
+        PersistentRepr {
+            sequence_nr,
+            timestamp_ms: self.timestamp_ms,
+            payload: self.payload.clone(),
+            persistence_id: SmolStr::new(persistence_id),
+            writer_id: SmolStr::new(&self.writer_id),
+            manifest: Manifest::new(self.manifest.as_str(), self.manifest_version),
+        }
+    }
+
+    /// The event as a journal write's event at `sequence_nr`.
+    pub fn to_new(&self, sequence_nr: u64) -> NewEvent {
+        NewEvent {
+            sequence_nr,
+            timestamp_ms: self.timestamp_ms,
+            manifest: Manifest::new(self.manifest.as_str(), self.manifest_version),
+            payload: self.payload.clone(),
+            tags: self.tags.clone(),
+        }
+    }
+}
+
+impl Payload for StoredEvent {
+    fn size_bytes(&self) -> usize {
+        // The payload and names, plus the fixed fields and length prefixes.
+        32 + self.payload.len()
+            + self.writer_id.len()
+            + self.manifest.len()
+            + self.tags.iter().map(|t| t.len() + 4).sum::<usize>()
+    }
+}

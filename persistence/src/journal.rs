@@ -1,0 +1,296 @@
+//! [`ReplicatedJournal`]: the [`Journal`] of a cluster member, every log replicated to N
+//! replicas with one fenced writer.
+//!
+//! Appends, deletes and the highest sequence number go through this node's writer of the
+//! log (started on first use: it fences the log and recovers it). Replays read the log from a
+//! replica that holds all of it: this node's own store when it is one (as fast as the local
+//! journal), another member's otherwise, page by page. Queries by tag and by persistence id,
+//! and live queries, run over the logs this node's store holds.
+
+use crate::caller::{CallResult, ReplicaCaller};
+use crate::store::ReplicaStore;
+use crate::writers::{Command, ReadyLog, Writers};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use std::sync::Arc;
+use tessera_journal::{
+    AtomicWrite, EventEnvelope, Journal, JournalError, JournalStream, PersistentRepr, QueryMode,
+    validate_write,
+};
+use tessera_replication::{Request, Response, Target, WriterStatus};
+
+/// Events read per page from another node's replica.
+const READ_PAGE_ENTRIES: u32 = 1_000;
+const READ_PAGE_BYTES: u32 = 1024 * 1024;
+
+/// The replicated journal. Cheap to share behind an `Arc`.
+pub struct ReplicatedJournal {
+    writers: Writers,
+    caller: Arc<dyn ReplicaCaller>,
+    store: Arc<dyn ReplicaStore>,
+    queries: Arc<dyn Journal>,
+    max_write_bytes: usize,
+}
+
+impl ReplicatedJournal {
+    pub(crate) fn new(
+        writers: Writers,
+        caller: Arc<dyn ReplicaCaller>,
+        store: Arc<dyn ReplicaStore>,
+        queries: Arc<dyn Journal>,
+        max_write_bytes: usize,
+    ) -> Self {
+        ReplicatedJournal {
+            writers,
+            caller,
+            store,
+            queries,
+            max_write_bytes,
+        }
+    }
+
+    /// The state of this node's writer of a log, if it has one.
+    pub async fn writer_status(&self, persistence_id: &str) -> Option<WriterStatus> {
+        self.writers.status(persistence_id).await
+    }
+
+    fn ready(&self, persistence_id: &str) -> BoxFuture<'static, Result<ReadyLog, JournalError>> {
+        let writers = self.writers.clone();
+        let persistence_id = persistence_id.to_string();
+        async move {
+            writers
+                .ask(|reply| Command::Ready {
+                    persistence_id,
+                    reply,
+                })
+                .await
+        }
+        .boxed()
+    }
+}
+
+fn failed<T: Send + 'static>(e: JournalError) -> JournalStream<T> {
+    futures::stream::once(async move { Err(e) }).boxed()
+}
+
+/// Reads `from..=to` of a log from another node's replica, page by page, trying the sources
+/// in turn when one fails.
+fn remote_replay(
+    caller: Arc<dyn ReplicaCaller>,
+    persistence_id: String,
+    sources: Vec<tessera_replication::ReplicaId>,
+    from: u64,
+    to: u64,
+    max: u64,
+) -> JournalStream<PersistentRepr> {
+    struct Cursor {
+        next: u64,
+        left: u64,
+        source: usize,
+        failures: usize,
+    }
+    let start = Cursor {
+        next: from,
+        left: max,
+        source: 0,
+        failures: 0,
+    };
+    futures::stream::unfold(Some(start), move |cursor| {
+        let caller = caller.clone();
+        let persistence_id = persistence_id.clone();
+        let sources = sources.clone();
+        async move {
+            let mut cursor = cursor?;
+            loop {
+                if cursor.next > to || cursor.left == 0 {
+                    return None;
+                }
+                let Some(source) = sources.get(cursor.source % sources.len().max(1)) else {
+                    let e = JournalError::Unavailable {
+                        persistence_id,
+                        reason: "no replica holds the whole log".into(),
+                    };
+                    return Some((vec![Err(e)], None));
+                };
+                let request = Request::Read {
+                    from: cursor.next,
+                    to,
+                    max_entries: READ_PAGE_ENTRIES
+                        .min(u32::try_from(cursor.left).unwrap_or(u32::MAX)),
+                    max_bytes: READ_PAGE_BYTES,
+                };
+                let target = Target::Replica(source.clone());
+                match caller.call(&target, &persistence_id, request).await {
+                    CallResult::Response(Response::Entries { entries, summary }) => {
+                        if cursor.next <= summary.base.seq {
+                            // Deleted: a replay skips deleted events.
+                            cursor.next = summary.base.seq + 1;
+                            continue;
+                        }
+                        let mut page = Vec::with_capacity(entries.len());
+                        for entry in entries {
+                            if entry.seq != cursor.next || cursor.left == 0 {
+                                break;
+                            }
+                            page.push(Ok(entry.payload.to_repr(&persistence_id, entry.seq)));
+                            cursor.next += 1;
+                            cursor.left -= 1;
+                        }
+                        if page.is_empty() {
+                            let e = JournalError::Unavailable {
+                                persistence_id,
+                                reason: format!(
+                                    "replica {source} does not hold entry {} any more",
+                                    cursor.next
+                                ),
+                            };
+                            return Some((vec![Err(e)], None));
+                        }
+                        return Some((page, Some(cursor)));
+                    }
+                    other => {
+                        cursor.failures += 1;
+                        cursor.source += 1;
+                        if cursor.failures > sources.len() * 2 {
+                            let e = JournalError::Unavailable {
+                                persistence_id,
+                                reason: format!(
+                                    "reading the log from its replicas failed: {other:?}"
+                                ),
+                            };
+                            return Some((vec![Err(e)], None));
+                        }
+                    }
+                }
+            }
+        }
+    })
+    .flat_map(futures::stream::iter)
+    .boxed()
+}
+
+impl Journal for ReplicatedJournal {
+    fn append(&self, write: AtomicWrite) -> BoxFuture<'static, Result<(), JournalError>> {
+        if let Err(e) = validate_write(&write, self.max_write_bytes) {
+            return futures::future::ready(Err(e)).boxed();
+        }
+        let writers = self.writers.clone();
+        async move { writers.ask(|reply| Command::Append { write, reply }).await }.boxed()
+    }
+
+    fn replay(
+        &self,
+        persistence_id: &str,
+        from_sequence_nr: u64,
+        to_sequence_nr: u64,
+        max: u64,
+    ) -> JournalStream<PersistentRepr> {
+        if let Some(problem) = tessera_journal::name_problem(persistence_id) {
+            return failed(JournalError::InvalidName {
+                what: "persistence id",
+                value: tessera_journal::name_excerpt(persistence_id),
+                reason: problem,
+            });
+        }
+        let ready = self.ready(persistence_id);
+        let caller = self.caller.clone();
+        let store = self.store.clone();
+        let persistence_id = persistence_id.to_string();
+        futures::stream::once(async move {
+            let ready = match ready.await {
+                Ok(ready) => ready,
+                Err(e) => return failed(e),
+            };
+            let to = to_sequence_nr.min(ready.highest);
+            let from = from_sequence_nr.max(ready.deleted_to + 1).max(1);
+            if from > to || max == 0 {
+                return futures::stream::empty().boxed();
+            }
+            let (local_address, storage_id) = caller.local();
+            let local_is_source = ready
+                .sources
+                .first()
+                .is_some_and(|s| &s.address == local_address && s.storage_id == storage_id);
+            if local_is_source {
+                store.replay(&persistence_id, from, to, max)
+            } else {
+                remote_replay(caller, persistence_id, ready.sources, from, to, max)
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    fn highest_sequence_nr(
+        &self,
+        persistence_id: &str,
+    ) -> BoxFuture<'static, Result<u64, JournalError>> {
+        let ready = self.ready(persistence_id);
+        async move { Ok(ready.await?.highest) }.boxed()
+    }
+
+    fn delete_to(
+        &self,
+        persistence_id: &str,
+        to_sequence_nr: u64,
+    ) -> BoxFuture<'static, Result<(), JournalError>> {
+        let writers = self.writers.clone();
+        let persistence_id = persistence_id.to_string();
+        async move {
+            writers
+                .ask(|reply| Command::DeleteTo {
+                    persistence_id,
+                    to: to_sequence_nr,
+                    reply,
+                })
+                .await
+        }
+        .boxed()
+    }
+
+    fn events_by_persistence_id(
+        &self,
+        persistence_id: &str,
+        from_sequence_nr: u64,
+        mode: QueryMode,
+    ) -> JournalStream<PersistentRepr> {
+        self.queries
+            .events_by_persistence_id(persistence_id, from_sequence_nr, mode)
+    }
+
+    fn events_by_tag(
+        &self,
+        tag: &str,
+        after_offset: u64,
+        mode: QueryMode,
+    ) -> JournalStream<EventEnvelope> {
+        self.queries.events_by_tag(tag, after_offset, mode)
+    }
+
+    fn persistence_ids(&self, mode: QueryMode) -> JournalStream<String> {
+        self.queries.persistence_ids(mode)
+    }
+
+    fn confirms_reads(&self) -> bool {
+        true
+    }
+
+    fn confirm_writer(
+        &self,
+        persistence_id: &str,
+        highest: u64,
+    ) -> BoxFuture<'static, Result<(), JournalError>> {
+        let writers = self.writers.clone();
+        let persistence_id = persistence_id.to_string();
+        async move {
+            writers
+                .ask(|reply| Command::Confirm {
+                    persistence_id,
+                    highest,
+                    reply,
+                })
+                .await
+        }
+        .boxed()
+    }
+}

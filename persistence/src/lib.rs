@@ -1,0 +1,102 @@
+//! tessera-persistence: the replicated journal of a cluster member (ARCHITECTURE §5).
+//!
+//! Every node runs a replica service ([`service`]) over its [`ReplicaStore`], and writers
+//! ([`writers`]) for the logs its entities write, each a
+//! [`tessera_replication::LogWriter`] state machine. [`ReplicatedJournal`] implements the
+//! journal's [`tessera_journal::Journal`] on top, so entities use it unchanged.
+//!
+//! [`Persistence::start`] wires it on a cluster node.
+
+mod caller;
+pub mod event;
+pub mod journal;
+pub mod metrics;
+pub mod service;
+pub mod store;
+pub mod wire;
+pub mod writers;
+
+pub use event::StoredEvent;
+pub use journal::ReplicatedJournal;
+pub use metrics::PersistenceMetrics;
+pub use service::ReplicaServiceSettings;
+pub use store::{MemoryReplicaStore, ReplicaStore, StoreError};
+pub use writers::WritersSettings;
+
+use caller::TransportCaller;
+use std::sync::Arc;
+use tessera_cluster::node::ClusterSnapshot;
+use tessera_cluster::transport::{Transport, TransportError};
+use tessera_journal::Journal;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Settings of a node's replicated persistence.
+#[derive(Clone, Debug)]
+pub struct PersistenceSettings {
+    pub writers: WritersSettings,
+    pub service: ReplicaServiceSettings,
+    /// Largest write accepted (it must fit a transport frame with room to spare).
+    pub max_write_bytes: usize,
+}
+
+impl Default for PersistenceSettings {
+    fn default() -> Self {
+        PersistenceSettings {
+            writers: WritersSettings::default(),
+            service: ReplicaServiceSettings::default(),
+            max_write_bytes: 2 * 1024 * 1024,
+        }
+    }
+}
+
+/// A node's replicated persistence: its replica service and its journal.
+pub struct Persistence {
+    pub journal: Arc<ReplicatedJournal>,
+    pub metrics: Arc<PersistenceMetrics>,
+    service: JoinHandle<()>,
+}
+
+impl Persistence {
+    /// Serves `store` to the cluster on `transport` and starts the journal of this node,
+    /// following the membership published on `membership`. `queries` answers the queries by
+    /// tag and persistence id over the logs `store` holds.
+    pub fn start<T: Transport>(
+        transport: Arc<T>,
+        membership: watch::Receiver<ClusterSnapshot>,
+        store: Arc<dyn ReplicaStore>,
+        queries: Arc<dyn Journal>,
+        settings: PersistenceSettings,
+    ) -> Result<Self, TransportError> {
+        let service = service::start(&transport, store.clone(), settings.service.clone())?;
+        let metrics = Arc::new(PersistenceMetrics::default());
+        let caller: Arc<dyn caller::ReplicaCaller> = Arc::new(TransportCaller {
+            transport,
+            store: store.clone(),
+            timeout: settings.writers.writer.request_timeout,
+        });
+        let writers = writers::start(
+            caller.clone(),
+            membership,
+            settings.writers.clone(),
+            metrics.clone(),
+        );
+        let journal = Arc::new(ReplicatedJournal::new(
+            writers,
+            caller,
+            store,
+            queries,
+            settings.max_write_bytes,
+        ));
+        Ok(Persistence {
+            journal,
+            metrics,
+            service,
+        })
+    }
+
+    /// Stops serving replica calls.
+    pub fn stop(self) {
+        self.service.abort();
+    }
+}

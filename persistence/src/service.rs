@@ -1,0 +1,104 @@
+//! The replica service: answers writers' calls to this node's replica store over the
+//! cluster transport.
+//!
+//! Calls are taken in the order they arrive (per sender, the transport keeps them in order)
+//! and handed to the store at once, so that a writer's appends to one log are applied in the
+//! order it sent them; the answer leaves once the store made the effect durable. At most
+//! `max_in_flight` calls wait for the store: beyond that a call is refused with a typed
+//! `Overloaded` answer, never queued without bound.
+
+use crate::store::ReplicaStore;
+use crate::wire::{ReplicaCall, ReplicaReply};
+use bytes::Bytes;
+use std::sync::Arc;
+use tessera_cluster::transport::{RemoteError, Responder, Transport, TransportError, services};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// Limits of the replica service.
+#[derive(Clone, Debug)]
+pub struct ReplicaServiceSettings {
+    /// Calls waiting in the transport's inbound queue.
+    pub queue_capacity: usize,
+    /// Calls the store works on at once.
+    pub max_in_flight: usize,
+}
+
+impl Default for ReplicaServiceSettings {
+    fn default() -> Self {
+        ReplicaServiceSettings {
+            queue_capacity: 4_096,
+            max_in_flight: 4_096,
+        }
+    }
+}
+
+/// Registers the replica service on `transport` and serves `store` until the transport
+/// shuts down.
+pub fn start<T: Transport, S: ReplicaStore + ?Sized>(
+    transport: &Arc<T>,
+    store: Arc<S>,
+    settings: ReplicaServiceSettings,
+) -> Result<JoinHandle<()>, TransportError> {
+    let mut inbound = transport.register(services::JOURNAL_REPLICA, settings.queue_capacity)?;
+    let in_flight = Arc::new(Semaphore::new(settings.max_in_flight));
+    Ok(tokio::spawn(async move {
+        while let Some(message) = inbound.recv().await {
+            let Some(reply) = message.reply else {
+                // Only requests are part of the protocol; anything else is dropped.
+                continue;
+            };
+            let call = match ReplicaCall::decode(&message.payload) {
+                Ok(call) => call,
+                Err(e) => {
+                    let _ = reply.respond_error(RemoteError::Rejected {
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            if let Some(expected) = call.storage_id
+                && expected != store.storage_id()
+            {
+                respond(
+                    reply,
+                    ReplicaReply::WrongStorage {
+                        storage_id: store.storage_id(),
+                    },
+                );
+                continue;
+            }
+            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                let _ = reply.respond_error(RemoteError::Overloaded {
+                    service: services::JOURNAL_REPLICA,
+                    capacity: settings.max_in_flight as u64,
+                });
+                continue;
+            };
+            let applied = store.apply(&call.log, call.request);
+            tokio::spawn(async move {
+                let answer = match applied.await {
+                    Ok(response) => ReplicaReply::Answer(response),
+                    Err(e) => ReplicaReply::Failed {
+                        reason: e.to_string(),
+                    },
+                };
+                respond(reply, answer);
+                drop(permit);
+            });
+        }
+    }))
+}
+
+fn respond(reply: Responder, answer: ReplicaReply) {
+    match answer.encode() {
+        Ok(bytes) => {
+            let _ = reply.respond(Bytes::from(bytes));
+        }
+        Err(e) => {
+            let _ = reply.respond_error(RemoteError::Rejected {
+                reason: format!("cannot encode the answer: {e}"),
+            });
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! A node's replica store: where its replicas of logs live. [`MemoryReplicaStore`] keeps them
+//! in memory (tests); the RocksDB journal is the production store.
+
+use crate::event::StoredEvent;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use tessera_journal::{JournalError, JournalStream, PersistentRepr};
+use tessera_replication::memory::{MemoryLog, ReadLimits};
+use tessera_replication::replica::Rules;
+use tessera_replication::{ConfigAt, Request, Response};
+
+/// A store failed; nothing is known of the request's effect.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("replica store: {0}")]
+pub struct StoreError(pub String);
+
+/// A node's replica store.
+///
+/// `apply` takes the request in when it is called (so calls for one log are applied in the
+/// order they were made) and resolves once its effect is durable.
+pub trait ReplicaStore: Send + Sync + 'static {
+    /// The id this store was given when it was created; a new store has a new one.
+    fn storage_id(&self) -> u64;
+
+    /// Applies one request to one log.
+    fn apply(
+        &self,
+        log: &str,
+        request: Request<StoredEvent>,
+    ) -> BoxFuture<'static, Result<Response<StoredEvent>, StoreError>>;
+
+    /// The log's entries `from..=to` as journal events, at most `max`: a writer reads its own
+    /// node's replica this way when that replica holds the log.
+    fn replay(&self, log: &str, from: u64, to: u64, max: u64) -> JournalStream<PersistentRepr>;
+
+    /// Logs held here with their configuration, in log order after `after`, at most `limit`
+    /// (for moving logs off members that left).
+    fn logs(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<(String, ConfigAt)>, StoreError>>;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Replicas in memory, for tests: applying the same rules as the RocksDB store.
+pub struct MemoryReplicaStore {
+    storage_id: u64,
+    rules: Rules,
+    limits: ReadLimits,
+    logs: Mutex<BTreeMap<String, MemoryLog<StoredEvent>>>,
+}
+
+impl MemoryReplicaStore {
+    pub fn new(storage_id: u64) -> Arc<Self> {
+        Arc::new(MemoryReplicaStore {
+            storage_id,
+            rules: Rules::default(),
+            limits: ReadLimits {
+                max_tail_entries: 1_000,
+                max_bytes: 1024 * 1024,
+            },
+            logs: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// What this store keeps of a log besides its entries (for tests).
+    pub fn meta(&self, log: &str) -> Option<tessera_replication::replica::LogMeta> {
+        lock(&self.logs).get(log).and_then(|l| l.meta.clone())
+    }
+
+    /// The entries a log holds here, as `(seq, payload)` (for tests).
+    pub fn entries(&self, log: &str) -> Vec<(u64, StoredEvent)> {
+        lock(&self.logs)
+            .get(log)
+            .map(|l| {
+                l.entries
+                    .values()
+                    .map(|e| (e.seq, e.payload.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl ReplicaStore for MemoryReplicaStore {
+    fn storage_id(&self) -> u64 {
+        self.storage_id
+    }
+
+    fn apply(
+        &self,
+        log: &str,
+        request: Request<StoredEvent>,
+    ) -> BoxFuture<'static, Result<Response<StoredEvent>, StoreError>> {
+        let mut logs = lock(&self.logs);
+        let response = if matches!(request, Request::Locate | Request::Read { .. })
+            && !logs.contains_key(log)
+        {
+            MemoryLog::default().handle(&self.rules, request, self.limits)
+        } else {
+            logs.entry(log.to_string())
+                .or_default()
+                .handle(&self.rules, request, self.limits)
+        };
+        let response = match response {
+            Response::Located { summary, .. } => Response::Located {
+                storage_id: self.storage_id,
+                summary,
+            },
+            other => other,
+        };
+        Box::pin(futures::future::ready(Ok(response)))
+    }
+
+    fn replay(&self, log: &str, from: u64, to: u64, max: u64) -> JournalStream<PersistentRepr> {
+        let events: Vec<Result<PersistentRepr, JournalError>> = lock(&self.logs)
+            .get(log)
+            .map(|l| {
+                l.entries
+                    .range(from..=to)
+                    .take(usize::try_from(max).unwrap_or(usize::MAX))
+                    .map(|(seq, e)| Ok(e.payload.to_repr(log, *seq)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        futures::stream::iter(events).boxed()
+    }
+
+    fn logs(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<(String, ConfigAt)>, StoreError>> {
+        let logs = lock(&self.logs);
+        let range = match &after {
+            Some(after) => logs
+                .range::<String, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
+            None => logs.range::<String, _>(..),
+        };
+        let found: Vec<(String, ConfigAt)> = range
+            .filter_map(|(id, l)| {
+                l.meta
+                    .as_ref()
+                    .and_then(|m| m.config.clone())
+                    .map(|c| (id.clone(), c))
+            })
+            .take(limit)
+            .collect();
+        Box::pin(futures::future::ready(Ok(found)))
+    }
+}

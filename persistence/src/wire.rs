@@ -1,0 +1,135 @@
+//! The replica service's messages on the cluster transport: a version byte, then postcard.
+//! Decoding any bytes gives a message or a typed error, never a panic.
+
+use crate::event::StoredEvent;
+use serde::{Deserialize, Serialize};
+use tessera_replication::{Request, Response};
+
+/// Version byte in front of every replica call and reply.
+pub const WIRE_FORMAT_VERSION: u8 = 1;
+
+/// A writer's call to a node's replica store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaCall {
+    /// The log (persistence id).
+    pub log: String,
+    /// The store the writer expects there (`None` while locating): a node whose store is
+    /// another answers [`ReplicaReply::WrongStorage`] and touches nothing.
+    pub storage_id: Option<u64>,
+    pub request: Request<StoredEvent>,
+}
+
+/// The answer to a [`ReplicaCall`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplicaReply {
+    Answer(Response<StoredEvent>),
+    /// This node's store is not the one the call expected (it lost its data or was
+    /// replaced).
+    WrongStorage {
+        storage_id: u64,
+    },
+    /// The store failed (an I/O error); nothing is known of the request's effect.
+    Failed {
+        reason: String,
+    },
+}
+
+/// Why bytes are not a replica message.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("empty replica message")]
+    Empty,
+    #[error("replica message format version {found} is not supported (expected {expected})")]
+    Version { found: u8, expected: u8 },
+    #[error("malformed replica message: {0}")]
+    Malformed(#[from] postcard::Error),
+}
+
+fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, WireError> {
+    Ok(postcard::to_extend(message, vec![WIRE_FORMAT_VERSION])?)
+}
+
+fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, WireError> {
+    let (&version, body) = bytes.split_first().ok_or(WireError::Empty)?;
+    if version != WIRE_FORMAT_VERSION {
+        return Err(WireError::Version {
+            found: version,
+            expected: WIRE_FORMAT_VERSION,
+        });
+    }
+    Ok(postcard::from_bytes(body)?)
+}
+
+impl ReplicaCall {
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        encode(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        decode(bytes)
+    }
+}
+
+impl ReplicaReply {
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        encode(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        decode(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_replication::{Entry, Epoch, Position};
+
+    #[test]
+    fn calls_and_replies_round_trip() {
+        let call = ReplicaCall {
+            log: "account|alice".into(),
+            storage_id: Some(7),
+            request: Request::Append {
+                epoch: Epoch {
+                    counter: 3,
+                    writer: 9,
+                },
+                prev: Position::START,
+                entries: vec![Entry {
+                    seq: 1,
+                    epoch: Epoch::ZERO,
+                    payload: StoredEvent {
+                        timestamp_ms: 5,
+                        writer_id: "w".into(),
+                        manifest: "m".into(),
+                        manifest_version: 1,
+                        payload: bytes::Bytes::from_static(b"x"),
+                        tags: vec!["t".into()],
+                    },
+                }],
+                lac: 0,
+                config: None,
+            },
+        };
+        assert_eq!(ReplicaCall::decode(&call.encode().unwrap()).unwrap(), call);
+        let reply = ReplicaReply::WrongStorage { storage_id: 4 };
+        assert_eq!(
+            ReplicaReply::decode(&reply.encode().unwrap()).unwrap(),
+            reply
+        );
+    }
+
+    #[test]
+    fn bad_bytes_are_typed_errors() {
+        assert!(matches!(ReplicaCall::decode(&[]), Err(WireError::Empty)));
+        assert!(matches!(
+            ReplicaCall::decode(&[9, 1, 2]),
+            Err(WireError::Version { found: 9, .. })
+        ));
+        for junk in [&[1u8][..], &[1, 0xff, 0xff, 0xff], &[1, 3, b'a', b'b']] {
+            assert!(ReplicaCall::decode(junk).is_err());
+            assert!(ReplicaReply::decode(junk).is_err());
+        }
+    }
+}

@@ -1,0 +1,685 @@
+//! The writers of the logs this node writes: one [`LogWriter`] per log, all owned by one
+//! task, fed by a bounded command queue and by the answers of the calls they make.
+//!
+//! The task turns the writers' outputs into calls (each awaited on a task of its own, its
+//! answer sent back here), replies to the callers, and keeps every writer's placement up to
+//! date with the cluster's membership. Idle writers are dropped after a while (the next use
+//! of the log recovers it again, under a new epoch), and at most `max_writers` are kept.
+
+use crate::caller::{CallResult, ReplicaCaller};
+use crate::event::StoredEvent;
+use crate::metrics::PersistenceMetrics;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_cluster::node::ClusterSnapshot;
+use tessera_cluster::{Address, MemberStatus};
+use tessera_journal::{AtomicWrite, JournalError};
+use tessera_replication::placement::Ring;
+use tessera_replication::{
+    LogWriter, NotApplied, OpId, Outcome, Output, Placement, ReplicaId, RequestId, StopReason,
+    WriterSettings, WriterStatus,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Settings of the replicated journal's writers.
+#[derive(Clone, Debug)]
+pub struct WritersSettings {
+    pub writer: WriterSettings,
+    /// Commands waiting for the writers' task; a full queue refuses at once.
+    pub command_queue_capacity: usize,
+    /// Writers kept at most; beyond, the least recently used idle ones are dropped.
+    pub max_writers: usize,
+    /// An idle writer is dropped after this long.
+    pub writer_idle_timeout: Duration,
+    /// How often writers with work under way are driven by time.
+    pub tick_interval: Duration,
+}
+
+impl Default for WritersSettings {
+    fn default() -> Self {
+        WritersSettings {
+            writer: WriterSettings {
+                // Every writer keeps a window of recent entries for replicas that fall
+                // behind: small, since there may be tens of thousands of writers.
+                max_buffered_entries: 64,
+                ..WriterSettings::default()
+            },
+            command_queue_capacity: 4_096,
+            max_writers: 100_000,
+            writer_idle_timeout: Duration::from_secs(120),
+            tick_interval: Duration::from_millis(20),
+        }
+    }
+}
+
+/// A log ready to be read: where it ends and who holds it.
+#[derive(Clone, Debug)]
+pub struct ReadyLog {
+    pub highest: u64,
+    pub deleted_to: u64,
+    /// Replicas holding the whole log, this node's first.
+    pub sources: Vec<ReplicaId>,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
+
+pub(crate) enum Command {
+    Append {
+        write: AtomicWrite,
+        reply: Reply<()>,
+    },
+    DeleteTo {
+        persistence_id: String,
+        to: u64,
+        reply: Reply<()>,
+    },
+    Ready {
+        persistence_id: String,
+        reply: Reply<ReadyLog>,
+    },
+    Confirm {
+        persistence_id: String,
+        highest: u64,
+        reply: Reply<()>,
+    },
+    Status {
+        persistence_id: String,
+        reply: oneshot::Sender<Option<WriterStatus>>,
+    },
+}
+
+struct Answer {
+    persistence_id: Arc<str>,
+    instance: u64,
+    id: RequestId,
+    result: CallResult,
+}
+
+enum Pending {
+    Write { reply: Reply<()>, started: Instant },
+    Confirm(Reply<()>),
+}
+
+struct Slot {
+    instance: u64,
+    writer: LogWriter<StoredEvent>,
+    waiting: Vec<Reply<ReadyLog>>,
+    ops: HashMap<OpId, Pending>,
+    last_used: Instant,
+    counted: tessera_replication::WriterCounters,
+}
+
+/// The handle callers use; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Writers {
+    commands: mpsc::Sender<Command>,
+    capacity: usize,
+}
+
+impl Writers {
+    /// Sends a command; a full queue is refused at once with `QueueFull`.
+    pub fn send(&self, command: Command) -> Result<(), JournalError> {
+        self.commands.try_send(command).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => JournalError::QueueFull {
+                capacity: self.capacity,
+            },
+            mpsc::error::TrySendError::Closed(_) => JournalError::Closed,
+        })
+    }
+
+    /// Sends a command built around a reply channel and awaits the reply.
+    pub async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, JournalError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(make(reply))?;
+        answer.await.map_err(|_| JournalError::Closed)?
+    }
+
+    pub async fn status(&self, persistence_id: &str) -> Option<WriterStatus> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Status {
+            persistence_id: persistence_id.to_string(),
+            reply,
+        })
+        .ok()?;
+        answer.await.ok().flatten()
+    }
+}
+
+/// Starts the writers' task.
+pub(crate) fn start(
+    caller: Arc<dyn ReplicaCaller>,
+    membership: watch::Receiver<ClusterSnapshot>,
+    settings: WritersSettings,
+    metrics: Arc<PersistenceMetrics>,
+) -> Writers {
+    let (commands, command_queue) = mpsc::channel(settings.command_queue_capacity);
+    // Answers come from call tasks, at most one per request a writer has out; the bound
+    // only makes a burst of answers wait for the task.
+    let (answers, answer_queue) = mpsc::channel(settings.command_queue_capacity);
+    let capacity = settings.command_queue_capacity;
+    let (local_address, storage_id) = {
+        let (address, storage_id) = caller.local();
+        (address.clone(), storage_id)
+    };
+    let mut actor = Actor {
+        caller,
+        settings,
+        metrics,
+        slots: HashMap::new(),
+        local: ReplicaId::new(local_address, storage_id),
+        ring: Ring::default(),
+        members: Vec::new(),
+        converged: false,
+        serving_member: false,
+        answers,
+        next_op: 1,
+        last_full_tick: Instant::now(),
+    };
+    actor.on_membership(&membership.borrow().clone());
+    tokio::spawn(actor.run(command_queue, answer_queue, membership));
+    Writers { commands, capacity }
+}
+
+struct Actor {
+    caller: Arc<dyn ReplicaCaller>,
+    settings: WritersSettings,
+    metrics: Arc<PersistenceMetrics>,
+    slots: HashMap<Arc<str>, Slot>,
+    local: ReplicaId,
+    ring: Ring,
+    /// Members whose replicas may hold logs.
+    members: Vec<Address>,
+    converged: bool,
+    /// Whether this node may write logs (it is an Up member, or leaving).
+    serving_member: bool,
+    answers: mpsc::Sender<Answer>,
+    next_op: OpId,
+    last_full_tick: Instant,
+}
+
+impl Actor {
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        mut answers: mpsc::Receiver<Answer>,
+        mut membership: watch::Receiver<ClusterSnapshot>,
+    ) {
+        let mut tick = tokio::time::interval(self.settings.tick_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut membership_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                Some(answer) = answers.recv() => self.on_answer(answer),
+                command = commands.recv() => match command {
+                    Some(command) => self.on_command(command),
+                    None => break,
+                },
+                changed = membership.changed(), if membership_open => match changed {
+                    Ok(()) => {
+                        let snapshot = membership.borrow_and_update().clone();
+                        self.on_membership(&snapshot);
+                    }
+                    Err(_) => membership_open = false,
+                },
+                _ = tick.tick() => self.on_tick(),
+            }
+        }
+        // Every caller still waiting hears that the journal closed.
+        for (_, slot) in self.slots.drain() {
+            drop(slot);
+        }
+    }
+
+    fn on_membership(&mut self, snapshot: &ClusterSnapshot) {
+        let holds_replicas = |status: MemberStatus| {
+            matches!(
+                status,
+                MemberStatus::Up | MemberStatus::Leaving | MemberStatus::Exiting
+            )
+        };
+        let up: Vec<Address> = snapshot
+            .members
+            .iter()
+            .filter(|m| m.status == MemberStatus::Up)
+            .map(|m| m.address().clone())
+            .collect();
+        self.members = snapshot
+            .members
+            .iter()
+            .filter(|m| holds_replicas(m.status))
+            .map(|m| m.address().clone())
+            .collect();
+        self.ring = Ring::new(up);
+        self.converged = snapshot.converged;
+        self.serving_member = snapshot
+            .self_status
+            .is_some_and(|s| matches!(s, MemberStatus::Up | MemberStatus::Leaving));
+        let now = Instant::now();
+        let ids: Vec<Arc<str>> = self.slots.keys().cloned().collect();
+        for id in ids {
+            let placement = self.placement(&id);
+            if let Some(slot) = self.slots.get_mut(&id) {
+                slot.writer.placement_changed(placement, now);
+            }
+            self.drain(&id);
+        }
+    }
+
+    fn placement(&self, persistence_id: &str) -> Placement {
+        Placement {
+            preference: self.ring.preference(persistence_id),
+            members: self.members.clone(),
+            converged: self.converged,
+            local: Some(self.local.address.clone()),
+        }
+    }
+
+    fn unavailable(persistence_id: &str, reason: impl Into<String>) -> JournalError {
+        JournalError::Unavailable {
+            persistence_id: persistence_id.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The slot of a log, starting a writer (which locates and recovers it) if there is none.
+    fn slot(&mut self, persistence_id: &str) -> Result<Arc<str>, JournalError> {
+        if let Some((id, _)) = self.slots.get_key_value(persistence_id) {
+            return Ok(id.clone());
+        }
+        if !self.serving_member {
+            return Err(Self::unavailable(
+                persistence_id,
+                "this node is not an Up member of a cluster",
+            ));
+        }
+        if self.slots.len() >= self.settings.max_writers {
+            self.evict(Instant::now(), true);
+            if self.slots.len() >= self.settings.max_writers {
+                return Err(JournalError::QueueFull {
+                    capacity: self.settings.max_writers,
+                });
+            }
+        }
+        let id: Arc<str> = Arc::from(persistence_id);
+        let now = Instant::now();
+        let instance: u64 = rand::random();
+        let writer = LogWriter::new(
+            self.settings.writer.clone(),
+            instance,
+            self.placement(persistence_id),
+            None,
+            now,
+        );
+        PersistenceMetrics::incr(&self.metrics.recoveries);
+        self.slots.insert(
+            id.clone(),
+            Slot {
+                instance,
+                writer,
+                waiting: Vec::new(),
+                ops: HashMap::new(),
+                last_used: now,
+                counted: Default::default(),
+            },
+        );
+        PersistenceMetrics::add(&self.metrics.writers, 1);
+        Ok(id)
+    }
+
+    fn on_command(&mut self, command: Command) {
+        let now = Instant::now();
+        match command {
+            Command::Append { write, reply } => {
+                let id = match self.slot(&write.persistence_id) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        PersistenceMetrics::incr(&self.metrics.appends_not_applied);
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                let op = self.next_op();
+                let first_seq = write.events.first().map_or(0, |e| e.sequence_nr);
+                let payloads = write
+                    .events
+                    .iter()
+                    .map(|e| StoredEvent::from_new(&write.writer_id, e))
+                    .collect();
+                if let Some(slot) = self.slots.get_mut(&id) {
+                    slot.last_used = now;
+                    slot.ops.insert(
+                        op,
+                        Pending::Write {
+                            reply,
+                            started: now,
+                        },
+                    );
+                    slot.writer.append(op, first_seq, payloads, now);
+                }
+                self.drain(&id);
+            }
+            Command::DeleteTo {
+                persistence_id,
+                to,
+                reply,
+            } => {
+                let id = match self.slot(&persistence_id) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                let op = self.next_op();
+                if let Some(slot) = self.slots.get_mut(&id) {
+                    slot.last_used = now;
+                    slot.ops.insert(
+                        op,
+                        Pending::Write {
+                            reply,
+                            started: now,
+                        },
+                    );
+                    slot.writer.delete_to(op, to, now);
+                }
+                self.drain(&id);
+            }
+            Command::Ready {
+                persistence_id,
+                reply,
+            } => {
+                let id = match self.slot(&persistence_id) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                if let Some(slot) = self.slots.get_mut(&id) {
+                    slot.last_used = now;
+                    if slot.writer.is_serving() {
+                        let _ = reply.send(Ok(ready_log(&slot.writer)));
+                    } else {
+                        slot.waiting.push(reply);
+                    }
+                }
+                self.drain(&id);
+            }
+            Command::Confirm {
+                persistence_id,
+                highest,
+                reply,
+            } => {
+                let op = self.next_op();
+                let Some((id, slot)) = self.slots.get_key_value(persistence_id.as_str()) else {
+                    let _ = reply.send(Err(JournalError::Fenced {
+                        persistence_id,
+                        reason: "this node no longer writes the log".to_string(),
+                    }));
+                    return;
+                };
+                let id = id.clone();
+                if !slot.writer.is_serving() {
+                    let _ = reply.send(Err(JournalError::Fenced {
+                        persistence_id,
+                        reason: "this node's writer of the log is not serving".to_string(),
+                    }));
+                    return;
+                }
+                if let Some(slot) = self.slots.get_mut(&id) {
+                    slot.last_used = now;
+                    slot.ops.insert(op, Pending::Confirm(reply));
+                    slot.writer.confirm(op, highest, now);
+                }
+                self.drain(&id);
+            }
+            Command::Status {
+                persistence_id,
+                reply,
+            } => {
+                let status = self
+                    .slots
+                    .get(persistence_id.as_str())
+                    .map(|s| s.writer.status());
+                let _ = reply.send(status);
+            }
+        }
+    }
+
+    fn next_op(&mut self) -> OpId {
+        let op = self.next_op;
+        self.next_op += 1;
+        op
+    }
+
+    fn on_answer(&mut self, answer: Answer) {
+        let now = Instant::now();
+        let Some(slot) = self.slots.get_mut(&answer.persistence_id) else {
+            return;
+        };
+        if slot.instance != answer.instance {
+            return;
+        }
+        match answer.result {
+            CallResult::Response(response) => slot.writer.on_response(answer.id, response, now),
+            CallResult::WrongStorage => slot.writer.on_wrong_storage(answer.id, now),
+            CallResult::Failed(reason) => {
+                tracing::debug!(log = %answer.persistence_id, %reason, "replica call failed");
+                slot.writer.on_failure(answer.id, now)
+            }
+        }
+        self.drain(&answer.persistence_id);
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        let full = now.duration_since(self.last_full_tick) >= Duration::from_secs(1);
+        if full {
+            self.last_full_tick = now;
+        }
+        let busy: Vec<Arc<str>> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| full || s.writer.needs_tick())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in busy {
+            if let Some(slot) = self.slots.get_mut(&id) {
+                slot.writer.tick(now);
+            }
+            self.drain(&id);
+        }
+        if full {
+            self.evict(now, false);
+        }
+    }
+
+    /// Drops idle writers: those unused for the idle timeout, and, when `make_room`, the least
+    /// recently used idle one.
+    fn evict(&mut self, now: Instant, make_room: bool) {
+        let timeout = self.settings.writer_idle_timeout;
+        let idle = |s: &Slot| s.ops.is_empty() && s.waiting.is_empty() && !s.writer.needs_tick();
+        let before = self.slots.len();
+        self.slots
+            .retain(|_, s| !(idle(s) && now.duration_since(s.last_used) >= timeout));
+        if make_room
+            && let Some(id) = self
+                .slots
+                .iter()
+                .filter(|(_, s)| idle(s))
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(id, _)| id.clone())
+        {
+            self.slots.remove(&id);
+        }
+        let removed = before - self.slots.len();
+        self.metrics
+            .writers
+            .fetch_sub(removed as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Carries out what a writer produced.
+    fn drain(&mut self, id: &Arc<str>) {
+        let Some(slot) = self.slots.get_mut(id) else {
+            return;
+        };
+        let outputs = slot.writer.take_outputs();
+        let counters = slot.writer.counters();
+        let copied = counters.entries_copied - slot.counted.entries_copied;
+        let moved = counters.reconfigurations - slot.counted.reconfigurations;
+        slot.counted = counters;
+        let instance = slot.instance;
+        PersistenceMetrics::add(&self.metrics.entries_copied, copied);
+        PersistenceMetrics::add(&self.metrics.reconfigurations, moved);
+        let mut stopped = false;
+        for output in outputs {
+            match output {
+                Output::Send {
+                    id: request,
+                    to,
+                    request: body,
+                } => {
+                    let answer = self.caller.call(&to, id, body);
+                    let answers = self.answers.clone();
+                    let persistence_id = id.clone();
+                    tokio::spawn(async move {
+                        let result = answer.await;
+                        let _ = answers
+                            .send(Answer {
+                                persistence_id,
+                                instance,
+                                id: request,
+                                result,
+                            })
+                            .await;
+                    });
+                }
+                Output::Ready { .. } => {
+                    if let Some(slot) = self.slots.get_mut(id) {
+                        let ready = ready_log(&slot.writer);
+                        for waiter in slot.waiting.drain(..) {
+                            let _ = waiter.send(Ok(ready.clone()));
+                        }
+                    }
+                }
+                Output::Completed { op, outcome } => {
+                    let pending = self.slots.get_mut(id).and_then(|s| s.ops.remove(&op));
+                    if let Some(pending) = pending {
+                        self.complete(id, pending, outcome);
+                    }
+                }
+                Output::Stopped(reason) => {
+                    stopped = true;
+                    if matches!(reason, StopReason::Fenced { .. }) {
+                        PersistenceMetrics::incr(&self.metrics.fenced);
+                    }
+                    if let StopReason::Inconsistent(detail) = &reason {
+                        tracing::error!(log = %id, %detail, "replicated log inconsistent");
+                    }
+                    if let Some(slot) = self.slots.get_mut(id) {
+                        for waiter in slot.waiting.drain(..) {
+                            let _ = waiter.send(Err(stopped_error(id, &reason)));
+                        }
+                    }
+                }
+            }
+        }
+        if stopped && let Some(slot) = self.slots.remove(id) {
+            // The writer completed every operation before it stopped; any left hear why.
+            for (_, pending) in slot.ops {
+                let reason = StopReason::Unavailable("the log's writer stopped".into());
+                self.complete(
+                    id,
+                    pending,
+                    Outcome::NotApplied(NotApplied::Stopped(reason)),
+                );
+            }
+            self.metrics
+                .writers
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn complete(&self, id: &str, pending: Pending, outcome: Outcome) {
+        let metrics = &self.metrics;
+        match pending {
+            Pending::Write { reply, started } => {
+                match &outcome {
+                    Outcome::Acknowledged => {
+                        PersistenceMetrics::incr(&metrics.appends_acknowledged);
+                        metrics.append_latency.observe(started.elapsed());
+                    }
+                    Outcome::NotApplied(NotApplied::Stopped(StopReason::Fenced { .. })) => {
+                        PersistenceMetrics::incr(&metrics.appends_not_applied);
+                        PersistenceMetrics::incr(&metrics.refused_fenced);
+                    }
+                    Outcome::NotApplied(_) => {
+                        PersistenceMetrics::incr(&metrics.appends_not_applied)
+                    }
+                    Outcome::Unknown(_) => PersistenceMetrics::incr(&metrics.appends_unknown),
+                }
+                let _ = reply.send(outcome_result(id, outcome));
+            }
+            Pending::Confirm(reply) => {
+                let result = match outcome {
+                    Outcome::Acknowledged => Ok(()),
+                    Outcome::NotApplied(_) | Outcome::Unknown(_) => Err(JournalError::Fenced {
+                        persistence_id: id.to_string(),
+                        reason: "this node could not confirm it still writes the log".into(),
+                    }),
+                };
+                let _ = reply.send(result);
+            }
+        }
+    }
+}
+
+fn ready_log(writer: &LogWriter<StoredEvent>) -> ReadyLog {
+    ReadyLog {
+        highest: writer.highest().unwrap_or(0),
+        deleted_to: writer.deleted_to(),
+        sources: writer.read_sources(),
+    }
+}
+
+fn stopped_error(id: &str, reason: &StopReason) -> JournalError {
+    match reason {
+        StopReason::Fenced { .. } => JournalError::Fenced {
+            persistence_id: id.to_string(),
+            reason: reason.to_string(),
+        },
+        other => JournalError::Unavailable {
+            persistence_id: id.to_string(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn outcome_result(id: &str, outcome: Outcome) -> Result<(), JournalError> {
+    match outcome {
+        Outcome::Acknowledged => Ok(()),
+        Outcome::Unknown(reason) => Err(JournalError::OutcomeUnknown {
+            persistence_id: id.to_string(),
+            reason,
+        }),
+        Outcome::NotApplied(NotApplied::SequenceMismatch { expected, got }) => {
+            Err(JournalError::SequenceMismatch {
+                persistence_id: id.to_string(),
+                expected,
+                got,
+            })
+        }
+        Outcome::NotApplied(NotApplied::QueueFull { capacity }) => {
+            Err(JournalError::QueueFull { capacity })
+        }
+        Outcome::NotApplied(NotApplied::Stopped(reason)) => Err(stopped_error(id, &reason)),
+        Outcome::NotApplied(not_applied @ NotApplied::Waited { .. }) => {
+            Err(JournalError::Unavailable {
+                persistence_id: id.to_string(),
+                reason: not_applied.to_string(),
+            })
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The replicated journal on three nodes in one process: in-memory transport and replica
+//! stores, membership set by the test.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_cluster::node::ClusterSnapshot;
+use tessera_cluster::transport::{MemoryNetwork, MemoryTransport, Transport};
+use tessera_cluster::{Address, Member, MemberStatus, UniqueAddress};
+use tessera_journal::{
+    AtomicWrite, FsyncPolicy, Journal, JournalConfig, JournalError, Manifest, NewEvent,
+    RocksJournal,
+};
+use tessera_persistence::{MemoryReplicaStore, Persistence, PersistenceSettings};
+use tokio::sync::watch;
+
+struct Node {
+    transport: Arc<MemoryTransport>,
+    store: Arc<MemoryReplicaStore>,
+    persistence: Persistence,
+    _membership: watch::Sender<ClusterSnapshot>,
+    _dir: tempfile::TempDir,
+}
+
+fn member(address: &Address, uid: u64) -> Member {
+    Member {
+        unique_address: UniqueAddress::new(address.clone(), uid),
+        status: MemberStatus::Up,
+        roles: BTreeSet::new(),
+        up_number: uid as i32,
+        app_version: "test".into(),
+    }
+}
+
+fn snapshot(me: usize, addresses: &[Address]) -> ClusterSnapshot {
+    let members: Vec<Member> = addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| member(a, i as u64 + 1))
+        .collect();
+    ClusterSnapshot {
+        self_node: Some(members[me].unique_address.clone()),
+        self_status: Some(MemberStatus::Up),
+        members,
+        converged: true,
+        ..ClusterSnapshot::default()
+    }
+}
+
+fn settings() -> PersistenceSettings {
+    let mut settings = PersistenceSettings::default();
+    settings.writers.writer.request_timeout = Duration::from_millis(500);
+    settings.writers.writer.operation_timeout = Duration::from_secs(2);
+    settings.writers.writer.recovery_timeout = Duration::from_secs(3);
+    settings
+}
+
+async fn cluster(n: usize) -> (Arc<MemoryNetwork>, Vec<Node>) {
+    let network = MemoryNetwork::new(7);
+    let addresses: Vec<Address> = (0..n)
+        .map(|i| Address::new("10.0.0.1", 7000 + i as u16))
+        .collect();
+    let mut nodes = Vec::new();
+    for (i, address) in addresses.iter().enumerate() {
+        let transport = network.bind(i as u64 + 1, address.clone()).unwrap();
+        let store = MemoryReplicaStore::new(100 + i as u64);
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = JournalConfig::new(dir.path().join("journal"));
+        config.fsync = FsyncPolicy::Never;
+        let queries = Arc::new(RocksJournal::open(config).await.unwrap());
+        let (membership, watch) = watch::channel(snapshot(i, &addresses));
+        let persistence =
+            Persistence::start(transport.clone(), watch, store.clone(), queries, settings())
+                .unwrap();
+        nodes.push(Node {
+            transport,
+            store,
+            persistence,
+            _membership: membership,
+            _dir: dir,
+        });
+    }
+    (network, nodes)
+}
+
+fn write(pid: &str, seq: u64, text: &str) -> AtomicWrite {
+    AtomicWrite {
+        persistence_id: pid.into(),
+        writer_id: "w".into(),
+        events: vec![NewEvent {
+            sequence_nr: seq,
+            timestamp_ms: 1,
+            manifest: Manifest::new("test", 1),
+            payload: Bytes::from(text.to_string()),
+            tags: Vec::new(),
+        }],
+    }
+}
+
+async fn payloads(journal: &dyn Journal, pid: &str) -> Vec<String> {
+    journal
+        .replay(pid, 1, u64::MAX, u64::MAX)
+        .map(|e| String::from_utf8(e.unwrap().payload.to_vec()).unwrap())
+        .collect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_written_on_one_node_are_recovered_on_another() {
+    let (_network, nodes) = cluster(3).await;
+    let a = nodes[0].persistence.journal.clone();
+    assert_eq!(a.highest_sequence_nr("log-1").await.unwrap(), 0);
+    for seq in 1..=20 {
+        a.append(write("log-1", seq, &format!("e{seq}")))
+            .await
+            .unwrap();
+    }
+    // Every replica holds at least the acknowledged prefix of W of them.
+    let held = nodes
+        .iter()
+        .filter(|n| n.store.entries("log-1").len() >= 19)
+        .count();
+    assert!(held >= 2, "{held} replicas hold the log");
+    let b = nodes[1].persistence.journal.clone();
+    let expected: Vec<String> = (1..=20).map(|s| format!("e{s}")).collect();
+    assert_eq!(payloads(b.as_ref(), "log-1").await, expected);
+    assert_eq!(b.highest_sequence_nr("log-1").await.unwrap(), 20);
+    // B writes on; A, which B fenced, can write nothing more: its writer is refused, or,
+    // if it noticed the fence and starts again, the log no longer ends where it thinks.
+    b.append(write("log-1", 21, "from-b")).await.unwrap();
+    let refused = a.append(write("log-1", 21, "from-a")).await;
+    let refused = refused.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            JournalError::OutcomeUnknown { .. }
+                | JournalError::Fenced { .. }
+                | JournalError::SequenceMismatch { .. }
+        ),
+        "{refused}"
+    );
+    let mut expected = expected;
+    expected.push("from-b".into());
+    assert_eq!(
+        payloads(nodes[2].persistence.journal.as_ref(), "log-1").await,
+        expected
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_the_log_cannot_confirm_a_read() {
+    let (_network, nodes) = cluster(3).await;
+    let a = nodes[0].persistence.journal.clone();
+    let b = nodes[1].persistence.journal.clone();
+    a.append(write("log-2", 1, "x")).await.unwrap();
+    a.confirm_writer("log-2", 1).await.unwrap();
+    assert_eq!(b.highest_sequence_nr("log-2").await.unwrap(), 1);
+    let stale = a.confirm_writer("log-2", 1).await.unwrap_err();
+    assert!(matches!(stale, JournalError::Fenced { .. }), "{stale}");
+    b.confirm_writer("log-2", 1).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_down_keeps_writing_two_down_refuses() {
+    let (network, nodes) = cluster(3).await;
+    let a = nodes[0].persistence.journal.clone();
+    a.append(write("log-3", 1, "one")).await.unwrap();
+    network.crash(&nodes[2].transport.local().address);
+    let two = a.append(write("log-3", 2, "two")).await;
+    eprintln!("{:?}", a.writer_status("log-3").await);
+    two.unwrap();
+    network.crash(&nodes[1].transport.local().address);
+    let error = a.append(write("log-3", 3, "three")).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            JournalError::OutcomeUnknown { .. } | JournalError::Unavailable { .. }
+        ),
+        "{error}"
+    );
+}
