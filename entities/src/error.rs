@@ -32,21 +32,39 @@ pub enum EntityError {
         "the journal is overloaded ({capacity} writes queued); {entity} wrote nothing, retry later"
     )]
     JournalBusy { entity: String, capacity: usize },
-    /// No reply within the ask timeout. The command may still be carried out.
+    /// No reply within the ask timeout. The command may still be carried out (outcome
+    /// unknown).
     #[error("{entity} did not reply within {timeout:?}; the command may still take effect")]
     Timeout { entity: String, timeout: Duration },
     /// The entity could not rebuild its state (journal or snapshot store error, corrupt or
-    /// unknown data). It stopped; the next command tries again.
+    /// unknown data, its log unavailable). Nothing was done; it stopped, and the next command
+    /// tries again.
     #[error("recovery of {entity} failed: {reason}")]
     RecoveryFailed { entity: String, reason: String },
-    /// Storing the command's events failed; whether they were stored is unknown. The entity
-    /// stopped and recovers from the store on its next command.
-    #[error("persisting the events of {entity} failed: {reason}; the entity stopped")]
+    /// Storing the command's events failed and whether they were stored is unknown: they may
+    /// appear later. The entity stopped; commands queued behind this one go to its next
+    /// incarnation, which recovers from the store.
+    #[error(
+        "the outcome of the command to {entity} is unknown: {reason}; its events may or may \
+         not have been stored, and the entity stopped"
+    )]
     PersistFailed { entity: String, reason: String },
+    /// The journal refused the command's events before storing anything (another node took
+    /// the entity's log over, or too few replicas were reachable): nothing was stored, and
+    /// nothing will be. The entity stopped, since its state may be stale; commands queued
+    /// behind this one go to its next incarnation. Retry.
+    #[error("{entity} stored nothing: {reason}; retry")]
+    PersistNotApplied { entity: String, reason: String },
+    /// The command's answer was computed from the entity's state, but the entity could not
+    /// confirm that state is current (another node may have taken it over): the answer was
+    /// withheld and nothing was stored. The entity stopped; retry.
+    #[error("{entity} could not confirm its state is current: {reason}; nothing was done, retry")]
+    NotConfirmed { entity: String, reason: String },
     /// An event produced by the command could not be encoded; nothing was persisted.
     #[error("cannot encode an event of {entity}: {reason}")]
     Encode { entity: String, reason: String },
-    /// The entity stopped before replying (the host shut down, or a handler panicked).
+    /// The entity stopped before handling the command (the host shut down, or a handler
+    /// panicked on it): nothing of it was stored.
     #[error("{entity} stopped before replying")]
     Stopped { entity: String },
     /// The host is shutting down and takes no more commands.

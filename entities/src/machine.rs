@@ -37,6 +37,9 @@ pub struct MachineSettings {
     pub delete_events_on_snapshot: bool,
     /// Most commands held while recovering or persisting.
     pub stash_capacity: usize,
+    /// Confirm with the journal that the state is current before answering from it without
+    /// persisting (a reply, a rejection): for a journal whose logs another node may take over.
+    pub confirm_reads: bool,
 }
 
 /// What the driver must do.
@@ -45,6 +48,9 @@ pub enum Action<E: EntityType, R> {
     Reply { to: R, result: AskResult<E> },
     /// Append this write; report the outcome with [`EntityMachine::persisted`].
     Persist(AtomicWrite),
+    /// Confirm that this entity still writes its log and that the log ends at `highest`;
+    /// report the outcome with [`EntityMachine::confirmed`].
+    Confirm { highest: u64 },
     /// Save this snapshot, then apply its retention; report the outcome with
     /// [`EntityMachine::snapshot_finished`].
     Snapshot(SnapshotJob),
@@ -76,10 +82,18 @@ struct InFlight<E: EntityType, R> {
     stop: bool,
 }
 
+/// An answer computed from the state, held until the state is confirmed current.
+struct Unconfirmed<E: EntityType, R> {
+    result: AskResult<E>,
+    reply_to: R,
+    stop: bool,
+}
+
 enum Phase<E: EntityType, R> {
     Recovering,
     Ready,
     Persisting(InFlight<E, R>),
+    Confirming(Unconfirmed<E, R>),
     Stopped,
 }
 
@@ -146,7 +160,10 @@ impl<E: EntityType, R> EntityMachine<E, R> {
 
     /// True once recovery succeeded and until the entity stops.
     pub fn is_recovered(&self) -> bool {
-        matches!(self.phase, Phase::Ready | Phase::Persisting(_))
+        matches!(
+            self.phase,
+            Phase::Ready | Phase::Persisting(_) | Phase::Confirming(_)
+        )
     }
 
     /// True when the entity stopped (by an effect or a failure).
@@ -343,33 +360,18 @@ impl<E: EntityType, R> EntityMachine<E, R> {
     ) {
         let effect = self.entity.handle_command(&self.state, command);
         match effect.kind {
-            EffectKind::Reply(reply) => out.push(Action::Reply {
-                to: reply_to,
-                result: Ok(reply),
-            }),
-            EffectKind::Reject(rejection) => out.push(Action::Reply {
-                to: reply_to,
-                result: Err(AskError::Rejected(rejection)),
-            }),
-            EffectKind::Stop(reply) => {
-                out.push(Action::Reply {
-                    to: reply_to,
-                    result: Ok(reply),
-                });
-                self.stop(out);
+            EffectKind::Reply(reply) => self.answer_from_state(Ok(reply), reply_to, false, out),
+            EffectKind::Reject(rejection) => {
+                self.answer_from_state(Err(AskError::Rejected(rejection)), reply_to, false, out)
             }
+            EffectKind::Stop(reply) => self.answer_from_state(Ok(reply), reply_to, true, out),
             EffectKind::Persist {
                 events,
                 reply,
                 stop,
             } if events.is_empty() => {
-                out.push(Action::Reply {
-                    to: reply_to,
-                    result: Ok(reply(&self.state)),
-                });
-                if stop {
-                    self.stop(out);
-                }
+                let result = Ok(reply(&self.state));
+                self.answer_from_state(result, reply_to, stop, out)
             }
             EffectKind::Persist {
                 events,
@@ -390,6 +392,74 @@ impl<E: EntityType, R> EntityMachine<E, R> {
                     result: Err(error.into()),
                 }),
             },
+        }
+    }
+
+    /// An answer computed from the state without persisting: sent at once, or, when reads are
+    /// confirmed, once the journal confirms the state is current.
+    fn answer_from_state(
+        &mut self,
+        result: AskResult<E>,
+        reply_to: R,
+        stop: bool,
+        out: &mut Vec<Action<E, R>>,
+    ) {
+        if self.settings.confirm_reads {
+            self.phase = Phase::Confirming(Unconfirmed {
+                result,
+                reply_to,
+                stop,
+            });
+            out.push(Action::Confirm {
+                highest: self.sequence_nr,
+            });
+            return;
+        }
+        out.push(Action::Reply {
+            to: reply_to,
+            result,
+        });
+        if stop {
+            self.stop(out);
+        }
+    }
+
+    /// The journal's answer to [`Action::Confirm`]. Confirmed: the held answer goes out.
+    /// Otherwise the state may be stale: the caller hears that nothing was done, and the
+    /// entity stops, leaving the stashed commands to its next incarnation.
+    pub fn confirmed(
+        &mut self,
+        result: Result<(), JournalError>,
+        now_ms: u64,
+        out: &mut Vec<Action<E, R>>,
+    ) {
+        let Phase::Confirming(held) = std::mem::replace(&mut self.phase, Phase::Ready) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                out.push(Action::Reply {
+                    to: held.reply_to,
+                    result: held.result,
+                });
+                if held.stop {
+                    self.stop(out);
+                } else {
+                    self.unstash(now_ms, out);
+                }
+            }
+            Err(e) => {
+                tracing::info!(entity = %self.persistence_id, error = %e, "state not confirmed current; stopping");
+                out.push(Action::Reply {
+                    to: held.reply_to,
+                    result: Err(EntityError::NotConfirmed {
+                        entity: self.entity_error_context(),
+                        reason: e.to_string(),
+                    }
+                    .into()),
+                });
+                self.stop(out);
+            }
         }
     }
 
@@ -422,8 +492,10 @@ impl<E: EntityType, R> EntityMachine<E, R> {
     /// gets the reply computed from the new state, a snapshot may be due, and stashed commands
     /// run. A full journal queue wrote nothing: the caller gets
     /// [`EntityError::JournalBusy`] and the entity carries on. On any other failure the caller
-    /// and every stashed command get the error and the entity stops: whether the write reached
-    /// the disk is unknown, so only a new recovery knows the true state.
+    /// hears whether the write certainly did not happen ([`EntityError::PersistNotApplied`])
+    /// or may have ([`EntityError::PersistFailed`]), and the entity stops: only a new recovery
+    /// knows the true state. The stashed commands were not handled: they go to the next
+    /// incarnation.
     pub fn persisted(
         &mut self,
         result: Result<(), JournalError>,
@@ -472,11 +544,18 @@ impl<E: EntityType, R> EntityMachine<E, R> {
             }
             Err(e) => {
                 tracing::warn!(entity = %self.persistence_id, error = %e, "persist failed; stopping");
-                let error = EntityError::PersistFailed {
-                    entity: self.entity_error_context(),
-                    reason: e.to_string(),
+                let entity = self.entity_error_context();
+                let reason = e.to_string();
+                let error = if e.is_not_applied() {
+                    EntityError::PersistNotApplied { entity, reason }
+                } else {
+                    EntityError::PersistFailed { entity, reason }
                 };
-                self.fail(error, Some(reply_to), out);
+                out.push(Action::Reply {
+                    to: reply_to,
+                    result: Err(error.into()),
+                });
+                self.stop(out);
             }
         }
     }

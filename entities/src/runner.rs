@@ -46,6 +46,7 @@ impl<E: EntityType> HostContext<E> {
             keep_snapshots: self.config.keep_snapshots,
             delete_events_on_snapshot: self.config.delete_events_on_snapshot,
             stash_capacity: self.config.stash_capacity,
+            confirm_reads: self.journal.confirms_reads(),
         }
     }
 }
@@ -120,7 +121,9 @@ pub(crate) async fn run_entity<E: EntityType>(
     recover(&context, &mut machine, mailbox, &mut out).await;
     let mut driver = Driver {
         context: &context,
+        pid: machine.persistence_id().to_string(),
         persist: None,
+        confirm: None,
         snapshot: None,
     };
     driver.perform(&mut out);
@@ -213,7 +216,10 @@ async fn recover<E: EntityType>(
 /// The store calls in flight of a recovered entity.
 struct Driver<'a, E: EntityType> {
     context: &'a HostContext<E>,
+    /// The entity's persistence id.
+    pid: String,
     persist: Option<BoxFuture<'static, Result<(), JournalError>>>,
+    confirm: Option<BoxFuture<'static, Result<(), JournalError>>>,
     snapshot: Option<BoxFuture<'static, Result<(), String>>>,
 }
 
@@ -235,6 +241,9 @@ impl<E: EntityType> Driver<'_, E> {
                     let _ = to.send(result);
                 }
                 Action::Persist(write) => self.persist = Some(self.context.journal.append(write)),
+                Action::Confirm { highest } => {
+                    self.confirm = Some(self.context.journal.confirm_writer(&self.pid, highest))
+                }
                 Action::Snapshot(job) => self.snapshot = Some(self.snapshot_job(job)),
                 Action::Stop => stop = true,
             }
@@ -299,6 +308,7 @@ impl<E: EntityType> Driver<'_, E> {
         loop {
             if (stopping || !mailbox.open)
                 && self.persist.is_none()
+                && self.confirm.is_none()
                 && self.snapshot.is_none()
                 && (stopping || machine.is_idle())
             {
@@ -311,6 +321,10 @@ impl<E: EntityType> Driver<'_, E> {
                 result = in_flight(&mut self.persist) => {
                     self.persist = None;
                     machine.persisted(result, now_ms(), out);
+                }
+                result = in_flight(&mut self.confirm) => {
+                    self.confirm = None;
+                    machine.confirmed(result, now_ms(), out);
                 }
                 result = in_flight(&mut self.snapshot) => {
                     self.snapshot = None;

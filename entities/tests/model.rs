@@ -17,6 +17,7 @@ use tessera_snapshot::Snapshot;
 enum Op {
     Command(TallyCommand),
     FinishWrite { ok: bool },
+    FinishConfirm { ok: bool },
     FinishSnapshot { ok: bool },
     Restart,
 }
@@ -37,6 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => command().prop_map(Op::Command),
         3 => Just(Op::FinishWrite { ok: true }),
         1 => Just(Op::FinishWrite { ok: false }),
+        2 => any::<bool>().prop_map(|ok| Op::FinishConfirm { ok }),
         2 => any::<bool>().prop_map(|ok| Op::FinishSnapshot { ok }),
         1 => Just(Op::Restart),
     ]
@@ -61,6 +63,8 @@ struct Sim {
     log: Vec<TallyEvent>,
     snapshots: BTreeMap<u64, Snapshot>,
     write: Option<AtomicWrite>,
+    /// A confirmation in flight: the sequence number it confirms.
+    confirm: Option<u64>,
     snapshot: Option<SnapshotJob>,
     /// Stopped incarnations whose write or snapshot is still in flight, with their stash.
     handed_over: VecDeque<(TallyCommand, u64)>,
@@ -80,6 +84,7 @@ impl Sim {
             log: Vec::new(),
             snapshots: BTreeMap::new(),
             write: None,
+            confirm: None,
             snapshot: None,
             handed_over: VecDeque::new(),
             answers: BTreeMap::new(),
@@ -117,7 +122,22 @@ impl Sim {
                 }
                 Action::Persist(write) => {
                     assert!(self.write.is_none(), "two writes in flight");
+                    assert!(self.confirm.is_none(), "a write beside a confirmation");
                     self.write = Some(write);
+                }
+                Action::Confirm { highest } => {
+                    assert!(
+                        self.settings.confirm_reads,
+                        "a confirmation nobody asked for"
+                    );
+                    assert!(self.confirm.is_none(), "two confirmations in flight");
+                    assert!(self.write.is_none(), "a confirmation beside a write");
+                    assert_eq!(
+                        highest,
+                        self.log.len() as u64,
+                        "confirms where the log ends"
+                    );
+                    self.confirm = Some(highest);
                 }
                 Action::Snapshot(job) => {
                     assert!(self.snapshot.is_none(), "two snapshot jobs in flight");
@@ -168,6 +188,24 @@ impl Sim {
         self.maybe_restart_stopped();
     }
 
+    fn finish_confirm(&mut self, ok: bool) {
+        if self.confirm.take().is_none() {
+            return;
+        }
+        let result = if ok {
+            Ok(())
+        } else {
+            Err(JournalError::Fenced {
+                persistence_id: "tally|m".into(),
+                reason: "simulated".into(),
+            })
+        };
+        let mut out = Vec::new();
+        self.machine.confirmed(result, 0, &mut out);
+        self.perform(out);
+        self.maybe_restart_stopped();
+    }
+
     fn finish_snapshot(&mut self, ok: bool) {
         let Some(job) = self.snapshot.take() else {
             return;
@@ -198,7 +236,11 @@ impl Sim {
     /// Like the host: a stopped machine with nothing in flight is replaced by a new
     /// incarnation when commands wait for it.
     fn maybe_restart_stopped(&mut self) {
-        if self.machine.is_stopped() && self.write.is_none() && self.snapshot.is_none() {
+        if self.machine.is_stopped()
+            && self.write.is_none()
+            && self.confirm.is_none()
+            && self.snapshot.is_none()
+        {
             self.restart();
         }
     }
@@ -207,7 +249,7 @@ impl Sim {
     /// goes to the next incarnation. (With a write in flight the op waits: its caller would
     /// get no answer from the machine, which the exactly-once check cannot tell apart.)
     fn restart(&mut self) {
-        if self.write.is_some() {
+        if self.write.is_some() || self.confirm.is_some() {
             return;
         }
         self.snapshot = None;
@@ -256,17 +298,20 @@ proptest! {
         snapshot_every in 0u64..6,
         keep in 1u64..3,
         stash_capacity in 1usize..6,
+        confirm_reads: bool,
     ) {
         let mut sim = Sim::new(MachineSettings {
             snapshot_every,
             keep_snapshots: keep,
             delete_events_on_snapshot: false,
             stash_capacity,
+            confirm_reads,
         });
         for op in ops {
             match op {
                 Op::Command(command) => sim.command(command),
                 Op::FinishWrite { ok } => sim.finish_write(ok),
+                Op::FinishConfirm { ok } => sim.finish_confirm(ok),
                 Op::FinishSnapshot { ok } => sim.finish_snapshot(ok),
                 Op::Restart => sim.restart(),
             }
@@ -274,12 +319,21 @@ proptest! {
         }
         // Drain: finish everything in flight successfully.
         for _ in 0..1_000 {
-            if sim.write.is_none() && sim.snapshot.is_none() && sim.machine.stashed() == 0 {
+            if sim.write.is_none()
+                && sim.confirm.is_none()
+                && sim.snapshot.is_none()
+                && sim.machine.stashed() == 0
+            {
                 break;
             }
             sim.finish_write(true);
+            sim.finish_confirm(true);
             sim.finish_snapshot(true);
-            if sim.write.is_none() && sim.snapshot.is_none() && sim.machine.is_stopped() {
+            if sim.write.is_none()
+                && sim.confirm.is_none()
+                && sim.snapshot.is_none()
+                && sim.machine.is_stopped()
+            {
                 sim.restart();
             }
         }

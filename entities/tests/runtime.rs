@@ -396,30 +396,66 @@ async fn missing_events_fail_recovery_instead_of_giving_a_wrong_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_persist_failure_stops_the_entity_and_fails_the_caller_and_the_stash() {
+async fn a_persist_failure_fails_its_caller_and_hands_the_stash_to_the_next_incarnation() {
     let fixture = Fixture::new();
     let host = fixture.host(config());
     let entity = host.entity_ref("a").unwrap();
     assert_eq!(entity.ask(TallyCommand::Add(1)).await, Ok(1));
     fixture.journal.append_gate.close();
     fixture.journal.fail_appends.store(true, Ordering::SeqCst);
-    let failing = entity.ask(TallyCommand::Add(1));
+    let failing = tokio::spawn({
+        let entity = entity.clone();
+        async move { entity.ask(TallyCommand::Add(1)).await }
+    });
     eventually("write in flight", || host.stats().live_entities == 1).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let stashed = entity.ask(TallyCommand::Add(1));
+    let stashed = tokio::spawn({
+        let entity = entity.clone();
+        async move { entity.ask(TallyCommand::Add(1)).await }
+    });
     tokio::time::sleep(Duration::from_millis(10)).await;
-    fixture.journal.append_gate.release();
-    for reply in [failing.await, stashed.await] {
-        match reply {
-            Err(AskError::Entity(EntityError::PersistFailed { entity, reason })) => {
-                assert_eq!(entity, "tally|a");
-                assert!(reason.contains("injected append failure"), "{reason}");
-            }
-            other => panic!("expected PersistFailed, got {other:?}"),
-        }
-    }
+    // The failing write's outcome is unknown (a storage error); the stashed command was
+    // never handled, so it waits for the next incarnation, whose write goes through.
     fixture.journal.fail_appends.store(false, Ordering::SeqCst);
-    assert_eq!(entity.ask(TallyCommand::Add(1)).await, Ok(2));
+    fixture.journal.fail_next_appends.store(1, Ordering::SeqCst);
+    fixture.journal.append_gate.release();
+    match failing.await.unwrap() {
+        Err(AskError::Entity(EntityError::PersistFailed { entity, reason })) => {
+            assert_eq!(entity, "tally|a");
+            assert!(reason.contains("injected append failure"), "{reason}");
+        }
+        other => panic!("expected PersistFailed, got {other:?}"),
+    }
+    assert_eq!(stashed.await.unwrap(), Ok(2));
+    assert_eq!(host.stats().incarnations_started, 2);
+    assert_eq!(entity.ask(TallyCommand::Get).await, Ok(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_wait_for_the_journal_to_confirm_the_state_and_fail_when_it_cannot() {
+    let fixture = Fixture::new();
+    fixture.journal.confirm_reads.store(true, Ordering::SeqCst);
+    let host = fixture.host(config());
+    let entity = host.entity_ref("a").unwrap();
+    assert_eq!(entity.ask(TallyCommand::Add(3)).await, Ok(3));
+    assert_eq!(entity.ask(TallyCommand::Get).await, Ok(3));
+    // A rejection is an answer from the state too.
+    assert!(matches!(
+        entity.ask(TallyCommand::Sub(10)).await,
+        Err(AskError::Rejected(_))
+    ));
+    fixture.journal.fail_confirms.store(true, Ordering::SeqCst);
+    match entity.ask(TallyCommand::Get).await {
+        Err(AskError::Entity(EntityError::NotConfirmed { entity, reason })) => {
+            assert_eq!(entity, "tally|a");
+            assert!(reason.contains("took the log over"), "{reason}");
+        }
+        other => panic!("expected NotConfirmed, got {other:?}"),
+    }
+    fixture.journal.fail_confirms.store(false, Ordering::SeqCst);
+    // The entity stopped; the next command recovers it afresh.
+    assert_eq!(entity.ask(TallyCommand::Get).await, Ok(3));
+    assert_eq!(host.stats().incarnations_started, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,6 +32,13 @@ pub enum SnapshotError {
     /// RocksDB reported an error.
     #[error("storage error: {0}")]
     Storage(String),
+    /// A replicated snapshot store could not reach enough replicas of the log, or this node
+    /// no longer writes it. Nothing was saved or deleted.
+    #[error("snapshots of {persistence_id} are unavailable: {reason}")]
+    Unavailable {
+        persistence_id: String,
+        reason: String,
+    },
 }
 
 impl From<rocksdb::Error> for SnapshotError {

@@ -64,6 +64,12 @@ pub struct MemoryJournal {
     replays: Mutex<Vec<(String, u64)>>,
     pub append_gate: Gate,
     pub fail_appends: AtomicBool,
+    /// Whether the journal asks entities to confirm reads (as the replicated one does).
+    pub confirm_reads: AtomicBool,
+    /// Confirmations fail (the entity lost its log to another writer).
+    pub fail_confirms: AtomicBool,
+    /// Fails this many appends more, then none.
+    pub fail_next_appends: std::sync::atomic::AtomicU32,
     pub fail_replays: AtomicBool,
     /// Appends fail with `QueueFull` (nothing written).
     pub queue_full: AtomicBool,
@@ -77,6 +83,9 @@ impl Default for MemoryJournal {
             replays: Mutex::default(),
             append_gate: Gate::open(),
             fail_appends: AtomicBool::new(false),
+            fail_next_appends: std::sync::atomic::AtomicU32::new(0),
+            confirm_reads: AtomicBool::new(false),
+            fail_confirms: AtomicBool::new(false),
             fail_replays: AtomicBool::new(false),
             queue_full: AtomicBool::new(false),
         }
@@ -186,6 +195,29 @@ impl MemoryJournal {
 pub struct SharedJournal(pub Arc<MemoryJournal>);
 
 impl Journal for SharedJournal {
+    fn confirms_reads(&self) -> bool {
+        self.0.confirm_reads.load(Ordering::SeqCst)
+    }
+
+    fn confirm_writer(
+        &self,
+        persistence_id: &str,
+        _highest: u64,
+    ) -> BoxFuture<'static, Result<(), JournalError>> {
+        let fail = self.0.fail_confirms.load(Ordering::SeqCst);
+        let persistence_id = persistence_id.to_string();
+        Box::pin(async move {
+            if fail {
+                Err(JournalError::Fenced {
+                    persistence_id,
+                    reason: "injected: another node took the log over".into(),
+                })
+            } else {
+                Ok(())
+            }
+        })
+    }
+
     fn append(&self, write: AtomicWrite) -> BoxFuture<'static, Result<(), JournalError>> {
         let journal = self.0.clone();
         async move {
@@ -193,7 +225,11 @@ impl Journal for SharedJournal {
             if journal.queue_full.load(Ordering::SeqCst) {
                 return Err(JournalError::QueueFull { capacity: 1 });
             }
-            if journal.fail_appends.load(Ordering::SeqCst) {
+            let fail_next = journal
+                .fail_next_appends
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail_next || journal.fail_appends.load(Ordering::SeqCst) {
                 return Err(JournalError::Storage("injected append failure".into()));
             }
             journal.apply(write)
