@@ -9,9 +9,11 @@
 
 mod caller;
 pub mod event;
+mod handler;
 pub mod journal;
 pub mod metrics;
 pub mod service;
+pub mod snapshots;
 pub mod store;
 pub mod wire;
 pub mod writers;
@@ -20,14 +22,17 @@ pub use event::StoredEvent;
 pub use journal::ReplicatedJournal;
 pub use metrics::PersistenceMetrics;
 pub use service::ReplicaServiceSettings;
+pub use snapshots::ReplicatedSnapshotStore;
 pub use store::{MemoryReplicaStore, ReplicaStore, StoreError};
 pub use writers::WritersSettings;
 
 use caller::TransportCaller;
+use handler::ReplicaHandler;
 use std::sync::Arc;
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::transport::{Transport, TransportError};
 use tessera_journal::Journal;
+use tessera_snapshot::SnapshotStore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -50,29 +55,36 @@ impl Default for PersistenceSettings {
     }
 }
 
-/// A node's replicated persistence: its replica service and its journal.
+/// A node's replicated persistence: its replica service, its journal and its snapshot store.
 pub struct Persistence {
     pub journal: Arc<ReplicatedJournal>,
+    pub snapshots: Arc<ReplicatedSnapshotStore>,
     pub metrics: Arc<PersistenceMetrics>,
     service: JoinHandle<()>,
 }
 
 impl Persistence {
-    /// Serves `store` to the cluster on `transport` and starts the journal of this node,
+    /// Serves this node's replicas (`store` for logs, `snapshots` for their snapshots) to the
+    /// cluster on `transport`, and starts the journal and snapshot store of this node,
     /// following the membership published on `membership`. `queries` answers the queries by
     /// tag and persistence id over the logs `store` holds.
     pub fn start<T: Transport>(
         transport: Arc<T>,
         membership: watch::Receiver<ClusterSnapshot>,
         store: Arc<dyn ReplicaStore>,
+        snapshots: Arc<dyn SnapshotStore>,
         queries: Arc<dyn Journal>,
         settings: PersistenceSettings,
     ) -> Result<Self, TransportError> {
-        let service = service::start(&transport, store.clone(), settings.service.clone())?;
+        let handler = Arc::new(ReplicaHandler {
+            store: store.clone(),
+            snapshots,
+        });
+        let service = service::start(&transport, handler.clone(), settings.service.clone())?;
         let metrics = Arc::new(PersistenceMetrics::default());
         let caller: Arc<dyn caller::ReplicaCaller> = Arc::new(TransportCaller {
             transport,
-            store: store.clone(),
+            local: handler,
             timeout: settings.writers.writer.request_timeout,
         });
         let writers = writers::start(
@@ -81,6 +93,11 @@ impl Persistence {
             settings.writers.clone(),
             metrics.clone(),
         );
+        let snapshots = Arc::new(ReplicatedSnapshotStore::new(
+            writers.clone(),
+            caller.clone(),
+            settings.writers.writer.quorums,
+        ));
         let journal = Arc::new(ReplicatedJournal::new(
             writers,
             caller,
@@ -90,6 +107,7 @@ impl Persistence {
         ));
         Ok(Persistence {
             journal,
+            snapshots,
             metrics,
             service,
         })

@@ -7,7 +7,7 @@
 //! `max_in_flight` calls wait for the store: beyond that a call is refused with a typed
 //! `Overloaded` answer, never queued without bound.
 
-use crate::store::ReplicaStore;
+use crate::handler::ReplicaHandler;
 use crate::wire::{ReplicaCall, ReplicaReply};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -33,11 +33,11 @@ impl Default for ReplicaServiceSettings {
     }
 }
 
-/// Registers the replica service on `transport` and serves `store` until the transport
+/// Registers the replica service on `transport` and serves `handler` until the transport
 /// shuts down.
-pub fn start<T: Transport, S: ReplicaStore + ?Sized>(
+pub(crate) fn start<T: Transport>(
     transport: &Arc<T>,
-    store: Arc<S>,
+    handler: Arc<ReplicaHandler>,
     settings: ReplicaServiceSettings,
 ) -> Result<JoinHandle<()>, TransportError> {
     let mut inbound = transport.register(services::JOURNAL_REPLICA, settings.queue_capacity)?;
@@ -57,15 +57,11 @@ pub fn start<T: Transport, S: ReplicaStore + ?Sized>(
                     continue;
                 }
             };
+            let storage_id = handler.store.storage_id();
             if let Some(expected) = call.storage_id
-                && expected != store.storage_id()
+                && expected != storage_id
             {
-                respond(
-                    reply,
-                    ReplicaReply::WrongStorage {
-                        storage_id: store.storage_id(),
-                    },
-                );
+                respond(reply, ReplicaReply::WrongStorage { storage_id });
                 continue;
             }
             let Ok(permit) = in_flight.clone().try_acquire_owned() else {
@@ -75,15 +71,9 @@ pub fn start<T: Transport, S: ReplicaStore + ?Sized>(
                 });
                 continue;
             };
-            let applied = store.apply(&call.log, call.request);
+            let answer = handler.handle(call);
             tokio::spawn(async move {
-                let answer = match applied.await {
-                    Ok(response) => ReplicaReply::Answer(response),
-                    Err(e) => ReplicaReply::Failed {
-                        reason: e.to_string(),
-                    },
-                };
-                respond(reply, answer);
+                respond(reply, answer.await);
                 drop(permit);
             });
         }

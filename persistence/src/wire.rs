@@ -2,8 +2,9 @@
 //! Decoding any bytes gives a message or a typed error, never a panic.
 
 use crate::event::StoredEvent;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tessera_replication::{Request, Response};
+use tessera_replication::{Epoch, Request, Response};
 
 /// Version byte in front of every replica call and reply.
 pub const WIRE_FORMAT_VERSION: u8 = 1;
@@ -16,7 +17,42 @@ pub struct ReplicaCall {
     /// The store the writer expects there (`None` while locating): a node whose store is
     /// another answers [`ReplicaReply::WrongStorage`] and touches nothing.
     pub storage_id: Option<u64>,
-    pub request: Request<StoredEvent>,
+    pub request: ReplicaRequest,
+}
+
+/// What a call asks of the replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplicaRequest {
+    /// A request of the log protocol.
+    Log(Request<StoredEvent>),
+    /// Store a snapshot of the log's state, if `epoch` is not below the log's promise.
+    SaveSnapshot {
+        epoch: Epoch,
+        snapshot: SnapshotData,
+    },
+    /// The latest snapshot of the log within the bounds, if any.
+    LoadSnapshot { criteria: Criteria },
+    /// Delete the log's snapshots within the bounds, if `epoch` is not below its promise.
+    DeleteSnapshots { epoch: Epoch, criteria: Criteria },
+}
+
+/// A snapshot on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotData {
+    pub sequence_nr: u64,
+    pub timestamp_ms: u64,
+    pub manifest: String,
+    pub manifest_version: u32,
+    pub payload: Bytes,
+}
+
+/// Snapshot selection bounds on the wire (inclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Criteria {
+    pub min_sequence_nr: u64,
+    pub max_sequence_nr: u64,
+    pub min_timestamp_ms: u64,
+    pub max_timestamp_ms: u64,
 }
 
 /// The answer to a [`ReplicaCall`].
@@ -32,6 +68,14 @@ pub enum ReplicaReply {
     Failed {
         reason: String,
     },
+    /// A snapshot write's epoch is below the log's promise: that writer is fenced.
+    Fenced {
+        promise: Epoch,
+    },
+    /// A snapshot was saved, or snapshots were deleted.
+    Done,
+    /// The snapshot found, if any.
+    Snapshot(Option<SnapshotData>),
 }
 
 /// Why bytes are not a replica message.
@@ -90,7 +134,7 @@ mod tests {
         let call = ReplicaCall {
             log: "account|alice".into(),
             storage_id: Some(7),
-            request: Request::Append {
+            request: ReplicaRequest::Log(Request::Append {
                 epoch: Epoch {
                     counter: 3,
                     writer: 9,
@@ -110,7 +154,7 @@ mod tests {
                 }],
                 lac: 0,
                 config: None,
-            },
+            }),
         };
         assert_eq!(ReplicaCall::decode(&call.encode().unwrap()).unwrap(), call);
         let reply = ReplicaReply::WrongStorage { storage_id: 4 };
@@ -127,7 +171,7 @@ mod tests {
             ReplicaCall::decode(&[9, 1, 2]),
             Err(WireError::Version { found: 9, .. })
         ));
-        for junk in [&[1u8][..], &[1, 0xff, 0xff, 0xff], &[1, 3, b'a', b'b']] {
+        for junk in [&[1u8][..], &[1, 0xff, 0xff, 0xff], &[1, 200, 1]] {
             assert!(ReplicaCall::decode(junk).is_err());
             assert!(ReplicaReply::decode(junk).is_err());
         }

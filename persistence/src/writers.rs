@@ -87,6 +87,20 @@ pub(crate) enum Command {
         persistence_id: String,
         reply: oneshot::Sender<Option<WriterStatus>>,
     },
+    /// The epoch and configuration of this node's serving writer of a log, if any.
+    Serving {
+        persistence_id: String,
+        reply: oneshot::Sender<Option<ServingLog>>,
+    },
+}
+
+/// A log this node serves: what its snapshot calls need.
+#[derive(Clone, Debug)]
+pub struct ServingLog {
+    pub epoch: tessera_replication::Epoch,
+    pub config: tessera_replication::Configuration,
+    pub highest: u64,
+    pub deleted_to: u64,
 }
 
 struct Answer {
@@ -133,6 +147,16 @@ impl Writers {
         let (reply, answer) = oneshot::channel();
         self.send(make(reply))?;
         answer.await.map_err(|_| JournalError::Closed)?
+    }
+
+    pub async fn serving(&self, persistence_id: &str) -> Option<ServingLog> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Serving {
+            persistence_id: persistence_id.to_string(),
+            reply,
+        })
+        .ok()?;
+        answer.await.ok().flatten()
     }
 
     pub async fn status(&self, persistence_id: &str) -> Option<WriterStatus> {
@@ -434,6 +458,25 @@ impl Actor {
                     slot.writer.confirm(op, highest, now);
                 }
                 self.drain(&id);
+            }
+            Command::Serving {
+                persistence_id,
+                reply,
+            } => {
+                let serving = self
+                    .slots
+                    .get_mut(persistence_id.as_str())
+                    .and_then(|slot| {
+                        slot.last_used = now;
+                        let status = slot.writer.status();
+                        Some(ServingLog {
+                            epoch: status.epoch.filter(|_| slot.writer.is_serving())?,
+                            config: status.config?,
+                            highest: status.highest?,
+                            deleted_to: slot.writer.deleted_to(),
+                        })
+                    });
+                let _ = reply.send(serving);
             }
             Command::Status {
                 persistence_id,

@@ -14,6 +14,9 @@ use tessera_journal::{
     RocksJournal,
 };
 use tessera_persistence::{MemoryReplicaStore, Persistence, PersistenceSettings};
+use tessera_snapshot::{
+    RocksSnapshotStore, SnapshotConfig, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore,
+};
 use tokio::sync::watch;
 
 struct Node {
@@ -70,10 +73,21 @@ async fn cluster(n: usize) -> (Arc<MemoryNetwork>, Vec<Node>) {
         let mut config = JournalConfig::new(dir.path().join("journal"));
         config.fsync = FsyncPolicy::Never;
         let queries = Arc::new(RocksJournal::open(config).await.unwrap());
+        let snapshots = Arc::new(
+            RocksSnapshotStore::open(SnapshotConfig::new(dir.path().join("snapshots")))
+                .await
+                .unwrap(),
+        );
         let (membership, watch) = watch::channel(snapshot(i, &addresses));
-        let persistence =
-            Persistence::start(transport.clone(), watch, store.clone(), queries, settings())
-                .unwrap();
+        let persistence = Persistence::start(
+            transport.clone(),
+            watch,
+            store.clone(),
+            snapshots,
+            queries,
+            settings(),
+        )
+        .unwrap();
         nodes.push(Node {
             transport,
             store,
@@ -180,4 +194,62 @@ async fn one_node_down_keeps_writing_two_down_refuses() {
         ),
         "{error}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_go_through_the_writer_and_cover_deleted_events_on_another_node() {
+    let (_network, nodes) = cluster(3).await;
+    let a = &nodes[0].persistence;
+    for seq in 1..=10 {
+        a.journal
+            .append(write("log-4", seq, &format!("e{seq}")))
+            .await
+            .unwrap();
+    }
+    let metadata = SnapshotMetadata {
+        persistence_id: "log-4".into(),
+        sequence_nr: 8,
+        timestamp_ms: 5,
+    };
+    a.snapshots
+        .save(
+            metadata,
+            Manifest::new("state", 1),
+            Bytes::from_static(b"up to 8"),
+        )
+        .await
+        .unwrap();
+    a.journal.delete_to("log-4", 8).await.unwrap();
+    // Another node recovers: the snapshot from the replicas, then the events after it.
+    let b = &nodes[1].persistence;
+    let loaded = b
+        .snapshots
+        .load("log-4", SnapshotSelectionCriteria::latest())
+        .await
+        .unwrap()
+        .expect("a snapshot");
+    assert_eq!(loaded.metadata.sequence_nr, 8);
+    assert_eq!(loaded.payload, Bytes::from_static(b"up to 8"));
+    let after: Vec<String> = b
+        .journal
+        .replay("log-4", 9, u64::MAX, u64::MAX)
+        .map(|e| String::from_utf8(e.unwrap().payload.to_vec()).unwrap())
+        .collect()
+        .await;
+    assert_eq!(after, vec!["e9", "e10"]);
+    // A, fenced by B's recovery, can no longer save snapshots.
+    let stale = a
+        .snapshots
+        .save(
+            SnapshotMetadata {
+                persistence_id: "log-4".into(),
+                sequence_nr: 10,
+                timestamp_ms: 6,
+            },
+            Manifest::new("state", 1),
+            Bytes::from_static(b"stale"),
+        )
+        .await
+        .unwrap_err();
+    assert!(stale.to_string().contains("taken over"), "{stale}");
 }

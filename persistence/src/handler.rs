@@ -1,0 +1,132 @@
+//! What a node's replica does with a call: log requests go to its replica store, snapshot
+//! requests to its snapshot store after a check of the log's promise. The replica service
+//! runs calls from other nodes through it, and this node's own writers call it directly.
+
+use crate::store::ReplicaStore;
+use crate::wire::{Criteria, ReplicaCall, ReplicaReply, ReplicaRequest, SnapshotData};
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use tessera_journal::Manifest;
+use tessera_replication::{Epoch, Request, Response};
+use tessera_snapshot::{SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore};
+
+pub(crate) struct ReplicaHandler {
+    pub store: Arc<dyn ReplicaStore>,
+    pub snapshots: Arc<dyn SnapshotStore>,
+}
+
+impl Criteria {
+    pub fn from_selection(criteria: &SnapshotSelectionCriteria) -> Self {
+        Criteria {
+            min_sequence_nr: criteria.min_sequence_nr,
+            max_sequence_nr: criteria.max_sequence_nr,
+            min_timestamp_ms: criteria.min_timestamp_ms,
+            max_timestamp_ms: criteria.max_timestamp_ms,
+        }
+    }
+
+    pub fn to_selection(self) -> SnapshotSelectionCriteria {
+        SnapshotSelectionCriteria {
+            min_sequence_nr: self.min_sequence_nr,
+            max_sequence_nr: self.max_sequence_nr,
+            min_timestamp_ms: self.min_timestamp_ms,
+            max_timestamp_ms: self.max_timestamp_ms,
+        }
+    }
+}
+
+fn failed(reason: impl ToString) -> ReplicaReply {
+    ReplicaReply::Failed {
+        reason: reason.to_string(),
+    }
+}
+
+impl ReplicaHandler {
+    /// Handles a call (whose storage id was checked). A log request is taken in by the store
+    /// before this returns.
+    pub fn handle(&self, call: ReplicaCall) -> BoxFuture<'static, ReplicaReply> {
+        match call.request {
+            ReplicaRequest::Log(request) => {
+                let applied = self.store.apply(&call.log, request);
+                Box::pin(async move {
+                    match applied.await {
+                        Ok(response) => ReplicaReply::Answer(response),
+                        Err(e) => failed(e),
+                    }
+                })
+            }
+            ReplicaRequest::SaveSnapshot { epoch, snapshot } => {
+                let fence = self.fence(&call.log, epoch);
+                let snapshots = self.snapshots.clone();
+                let log = call.log;
+                Box::pin(async move {
+                    if let Err(reply) = fence.await {
+                        return reply;
+                    }
+                    let metadata = SnapshotMetadata {
+                        persistence_id: log,
+                        sequence_nr: snapshot.sequence_nr,
+                        timestamp_ms: snapshot.timestamp_ms,
+                    };
+                    let manifest =
+                        Manifest::new(snapshot.manifest.as_str(), snapshot.manifest_version);
+                    match snapshots.save(metadata, manifest, snapshot.payload).await {
+                        Ok(()) => ReplicaReply::Done,
+                        Err(e) => failed(e),
+                    }
+                })
+            }
+            ReplicaRequest::LoadSnapshot { criteria } => {
+                let loaded = self.snapshots.load(&call.log, criteria.to_selection());
+                Box::pin(async move {
+                    match loaded.await {
+                        Ok(found) => ReplicaReply::Snapshot(found.map(|s| SnapshotData {
+                            sequence_nr: s.metadata.sequence_nr,
+                            timestamp_ms: s.metadata.timestamp_ms,
+                            manifest: s.manifest.type_name.to_string(),
+                            manifest_version: s.manifest.version,
+                            payload: s.payload,
+                        })),
+                        Err(e) => failed(e),
+                    }
+                })
+            }
+            ReplicaRequest::DeleteSnapshots { epoch, criteria } => {
+                let fence = self.fence(&call.log, epoch);
+                let snapshots = self.snapshots.clone();
+                let log = call.log;
+                Box::pin(async move {
+                    if let Err(reply) = fence.await {
+                        return reply;
+                    }
+                    match snapshots
+                        .delete_matching(&log, criteria.to_selection())
+                        .await
+                    {
+                        Ok(()) => ReplicaReply::Done,
+                        Err(e) => failed(e),
+                    }
+                })
+            }
+        }
+    }
+
+    /// Refuses a snapshot write of an epoch below the log's promise (a fenced writer).
+    fn fence(&self, log: &str, epoch: Epoch) -> BoxFuture<'static, Result<(), ReplicaReply>> {
+        let located = self.store.apply(log, Request::Locate);
+        Box::pin(async move {
+            match located.await {
+                Ok(Response::Located { summary, .. }) => {
+                    let promise = summary.map_or(Epoch::ZERO, |s| s.promise);
+                    if epoch < promise {
+                        Err(ReplicaReply::Fenced { promise })
+                    } else {
+                        Ok(())
+                    }
+                }
+                Ok(other) => Err(failed(format!("unexpected answer {}", other.kind()))),
+                Err(e) => Err(failed(e)),
+            }
+        })
+    }
+}
