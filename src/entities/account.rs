@@ -168,6 +168,7 @@ mod tests {
                 keep_snapshots: 1,
                 delete_events_on_snapshot: false,
                 stash_capacity: 1,
+                confirm_reads: false,
             },
         );
         let mut out = Vec::new();

@@ -1,17 +1,25 @@
 //! `POST /entities/{type}/{id}`: a JSON command to one entity, answered with its JSON reply.
 //!
-//! On this node's own entity hosts for now; the sharding issue routes the same endpoint across
-//! the cluster. Status codes: 200 with the reply; 400 for an unknown type, an invalid id or a
-//! malformed command (the message names which); 409 when the entity rejects the command (e.g.
-//! insufficient funds), nothing persisted; 503 when a queue is full or the node is shutting
-//! down (retry later); 504 when no reply came within the ask timeout (the command may still
-//! take effect); 500 when recovery or a write failed.
+//! On this node's own entity hosts, over the replicated journal on a cluster member: any node
+//! recovers the entity from its log's replicas (the sharding issue routes the same endpoint
+//! to one node per entity). Every answer says whether the command took effect:
+//!
+//! - 200 with the reply: applied;
+//! - 400 (unknown type, invalid id, malformed command), 409 (the entity rejected it), 503
+//!   (a queue is full, the node is stopping, the entity's log is unavailable or was taken
+//!   over, its state could not be confirmed current): not applied, and it never will be;
+//! - 504: outcome unknown — no reply within the ask timeout, or a write was sent but not
+//!   acknowledged; its events may or may not appear later;
+//! - 500 only for a bug in the entity type's encoding (the body says whether it applied).
+//!
+//! Error bodies are `{"error": "...", "outcome": "not_applied" | "unknown" | "applied"}`.
 
 use super::{ApiError, MAX_BODY_BYTES, method_not_allowed};
 use crate::entities::{EntityTypes, JsonAskError};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::Value;
@@ -27,46 +35,87 @@ pub fn router(types: Arc<EntityTypes>) -> Router {
         .with_state(types)
 }
 
+/// A command that got no reply: its status, what happened, and whether it took effect.
+#[derive(Debug)]
+pub struct CommandError {
+    pub status: StatusCode,
+    pub message: String,
+    /// `not_applied`, `unknown` or `applied`.
+    pub outcome: &'static str,
+}
+
+impl IntoResponse for CommandError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(serde_json::json!({ "error": self.message, "outcome": self.outcome })),
+        )
+            .into_response()
+    }
+}
+
+impl From<ApiError> for CommandError {
+    /// A request refused before it reached an entity: not applied.
+    fn from(error: ApiError) -> Self {
+        CommandError {
+            status: error.status,
+            message: error.message,
+            outcome: "not_applied",
+        }
+    }
+}
+
 async fn command(
     State(types): State<Arc<EntityTypes>>,
     path: Result<Path<(String, String)>, PathRejection>,
     body: Result<Json<Value>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let Path((entity_type, id)) = path?;
+) -> Result<Json<Value>, CommandError> {
+    let Path((entity_type, id)) = path.map_err(ApiError::from)?;
     let Some(host) = types.get(&entity_type) else {
         return Err(ApiError::bad_request(format!(
             "unknown entity type {entity_type:?}: this node hosts {}",
             types.names().join(", ")
-        )));
+        ))
+        .into());
     };
-    let Json(command) = body?;
+    let Json(command) = body.map_err(ApiError::from)?;
     host.ask_json(&id, command)
         .await
         .map(Json)
-        .map_err(ApiError::from)
+        .map_err(CommandError::from)
 }
 
-impl From<JsonAskError> for ApiError {
+impl From<JsonAskError> for CommandError {
     fn from(error: JsonAskError) -> Self {
-        let status = match &error {
-            JsonAskError::MalformedCommand { .. } => StatusCode::BAD_REQUEST,
-            JsonAskError::Rejected(_) => StatusCode::CONFLICT,
-            JsonAskError::Reply(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        const NOT_APPLIED: &str = "not_applied";
+        const UNKNOWN: &str = "unknown";
+        let (status, outcome) = match &error {
+            JsonAskError::MalformedCommand { .. } => (StatusCode::BAD_REQUEST, NOT_APPLIED),
+            JsonAskError::Rejected(_) => (StatusCode::CONFLICT, NOT_APPLIED),
+            // The command took effect; only its reply could not be encoded.
+            JsonAskError::Reply(_) => (StatusCode::INTERNAL_SERVER_ERROR, "applied"),
             JsonAskError::Entity(e) => match e {
-                EntityError::InvalidId { .. } => StatusCode::BAD_REQUEST,
-                EntityError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+                EntityError::InvalidId { .. } => (StatusCode::BAD_REQUEST, NOT_APPLIED),
+                EntityError::Timeout { .. } | EntityError::PersistFailed { .. } => {
+                    (StatusCode::GATEWAY_TIMEOUT, UNKNOWN)
+                }
                 EntityError::HostBusy { .. }
                 | EntityError::MailboxFull { .. }
                 | EntityError::StashFull { .. }
                 | EntityError::JournalBusy { .. }
-                | EntityError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-                EntityError::RecoveryFailed { .. }
-                | EntityError::PersistFailed { .. }
-                | EntityError::Encode { .. }
-                | EntityError::Stopped { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+                | EntityError::ShuttingDown
+                | EntityError::RecoveryFailed { .. }
+                | EntityError::PersistNotApplied { .. }
+                | EntityError::NotConfirmed { .. }
+                | EntityError::Stopped { .. } => (StatusCode::SERVICE_UNAVAILABLE, NOT_APPLIED),
+                EntityError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, NOT_APPLIED),
             },
         };
-        ApiError::new(status, error.to_string())
+        CommandError {
+            status,
+            message: error.to_string(),
+            outcome,
+        }
     }
 }
 
@@ -190,6 +239,8 @@ mod tests {
                 "{bad}: {body}"
             );
         }
+        // Every error says whether the command took effect.
+        assert_eq!(body["outcome"], "not_applied", "{body}");
         let (status, body) = post(&types, "/entities/account/a", "{not json").await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(
