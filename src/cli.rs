@@ -120,6 +120,12 @@ pub struct NodeArgs {
     /// Distributed Data keys stored on disk, comma-separated; a trailing * matches a prefix [default: none] [env: TESSERA_DURABLE_KEYS]
     #[arg(long, value_name = "KEYS", value_delimiter = ',')]
     pub durable_keys: Vec<String>,
+    /// Replicas of each journal log, 1..=7 [default: 3] [env: TESSERA_JOURNAL_REPLICATION_FACTOR]
+    #[arg(long, value_name = "N")]
+    pub journal_replication_factor: Option<String>,
+    /// Replicas holding an event before it is acknowledged, more than half the replication factor [default: 2] [env: TESSERA_JOURNAL_WRITE_QUORUM]
+    #[arg(long, value_name = "W")]
+    pub journal_write_quorum: Option<String>,
     /// Entity snapshot every N events, 0 = never [default: 100] [env: TESSERA_SNAPSHOT_EVERY]
     #[arg(long, value_name = "N")]
     pub snapshot_every: Option<String>,
@@ -164,6 +170,11 @@ impl NodeArgs {
             snapshot_every: self.snapshot_every.as_deref().map(Into::into),
             passivate_after: self.passivate_after.as_deref().map(Into::into),
             entity_ask_timeout: self.entity_ask_timeout.as_deref().map(Into::into),
+            journal_replication_factor: self
+                .journal_replication_factor
+                .as_deref()
+                .map(Into::into),
+            journal_write_quorum: self.journal_write_quorum.as_deref().map(Into::into),
         }
     }
 

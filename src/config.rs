@@ -18,7 +18,7 @@ use tessera_cluster::Address;
 /// Every configuration key, as written in the TOML file; the environment variable is
 /// `TESSERA_` followed by the key in upper case, the flag is the key with `-` for `_`
 /// (except `seed_nodes`, whose flag is the repeatable `--seed`).
-pub const KEYS: [&str; 28] = [
+pub const KEYS: [&str; 30] = [
     "host",
     "port",
     "http_host",
@@ -47,6 +47,8 @@ pub const KEYS: [&str; 28] = [
     "snapshot_every",
     "passivate_after",
     "entity_ask_timeout",
+    "journal_replication_factor",
+    "journal_write_quorum",
 ];
 
 /// Environment variable naming the config file when `--config` is not given.
@@ -55,6 +57,9 @@ pub const CONFIG_FILE_ENV: &str = "TESSERA_CONFIG";
 /// Smallest and largest accepted `max_frame_size`: a frame must hold a full gossip state, and
 /// one peer must not be able to make us buffer more than this per frame.
 pub const MAX_FRAME_SIZE_RANGE: (u64, u64) = (1024, 1 << 30);
+
+/// Largest accepted `journal_replication_factor` (and write quorum).
+pub const MAX_REPLICATION_FACTOR: u64 = 7;
 
 /// Largest accepted `snapshot_every`: beyond it recovery replays so many events that a
 /// snapshot hardly helps.
@@ -117,6 +122,10 @@ pub struct NodeConfig {
     pub passivate_after: Duration,
     /// How long an entity command waits for its reply.
     pub entity_ask_timeout: Duration,
+    /// Replicas of every journal log (N).
+    pub journal_replication_factor: u32,
+    /// Replicas that must hold an event before it is acknowledged (W, more than N/2).
+    pub journal_write_quorum: u32,
 }
 
 impl Default for NodeConfig {
@@ -150,6 +159,10 @@ impl Default for NodeConfig {
             snapshot_every: 100,
             passivate_after: Duration::from_secs(120),
             entity_ask_timeout: Duration::from_secs(5),
+            // Three copies, two before an acknowledgement: one node may fail without losing or
+            // blocking anything.
+            journal_replication_factor: 3,
+            journal_write_quorum: 2,
         }
     }
 }
@@ -237,6 +250,17 @@ pub enum ConfigError {
          --quorum-size or TESSERA_QUORUM_SIZE)"
     )]
     QuorumSizeRequired,
+    /// `journal_write_quorum` is not a majority of `journal_replication_factor`.
+    #[error(
+        "journal_write_quorum = {write_quorum} with journal_replication_factor = \
+         {replication_factor}: the write quorum must be more than half of the replication \
+         factor and at most it (W > N/2, W <= N), so that a fenced writer can never be \
+         acknowledged"
+    )]
+    WriteQuorum {
+        write_quorum: u32,
+        replication_factor: u32,
+    },
     /// Binding a non-loopback address without a cluster secret.
     #[error(
         "{key} = {host:?} is not a loopback address and no cluster_secret is set: anyone who \
@@ -350,6 +374,8 @@ pub struct ConfigLayer {
     pub snapshot_every: Option<Scalar>,
     pub passivate_after: Option<Scalar>,
     pub entity_ask_timeout: Option<Scalar>,
+    pub journal_replication_factor: Option<Scalar>,
+    pub journal_write_quorum: Option<Scalar>,
 }
 
 impl ConfigLayer {
@@ -425,6 +451,8 @@ impl ConfigLayer {
             "snapshot_every" => self.snapshot_every = scalar(),
             "passivate_after" => self.passivate_after = scalar(),
             "entity_ask_timeout" => self.entity_ask_timeout = scalar(),
+            "journal_replication_factor" => self.journal_replication_factor = scalar(),
+            "journal_write_quorum" => self.journal_write_quorum = scalar(),
             _ => return false,
         }
         true
@@ -466,6 +494,10 @@ impl ConfigLayer {
             snapshot_every: over.snapshot_every.or(self.snapshot_every),
             passivate_after: over.passivate_after.or(self.passivate_after),
             entity_ask_timeout: over.entity_ask_timeout.or(self.entity_ask_timeout),
+            journal_replication_factor: over
+                .journal_replication_factor
+                .or(self.journal_replication_factor),
+            journal_write_quorum: over.journal_write_quorum.or(self.journal_write_quorum),
         }
     }
 }
@@ -688,6 +720,16 @@ impl NodeConfig {
                 parse_positive_duration,
             )?
             .unwrap_or(d.entity_ask_timeout),
+            journal_replication_factor: opt(
+                layer.journal_replication_factor,
+                "journal_replication_factor",
+                |k, v| parse_int(k, v, 1, MAX_REPLICATION_FACTOR).map(|n| n as u32),
+            )?
+            .unwrap_or(d.journal_replication_factor),
+            journal_write_quorum: opt(layer.journal_write_quorum, "journal_write_quorum", |k, v| {
+                parse_int(k, v, 1, MAX_REPLICATION_FACTOR).map(|n| n as u32)
+            })?
+            .unwrap_or(d.journal_write_quorum),
             host,
             http_host,
             cluster_secret,
@@ -699,6 +741,13 @@ impl NodeConfig {
 
     /// Rules that involve more than one key.
     fn check_rules(&self) -> Result<(), ConfigError> {
+        let (n, w) = (self.journal_replication_factor, self.journal_write_quorum);
+        if w * 2 <= n || w > n {
+            return Err(ConfigError::WriteQuorum {
+                write_quorum: w,
+                replication_factor: n,
+            });
+        }
         if self.cluster_secret.is_none() {
             for (key, host) in [("host", &self.host), ("http_host", &self.http_host)] {
                 if !is_loopback(host) {
@@ -1070,6 +1119,40 @@ mod tests {
             "gossip_interval = 0s: must be greater than zero"
         );
         assert!(from(&[("heartbeat_interval", "0ms")]).is_err());
+    }
+
+    #[test]
+    fn the_journal_write_quorum_must_be_a_majority_of_the_replication_factor() {
+        let config = from(&[]).unwrap();
+        assert_eq!(
+            (config.journal_replication_factor, config.journal_write_quorum),
+            (3, 2)
+        );
+        assert_eq!(
+            error(&[("journal_write_quorum", "1")]),
+            "journal_write_quorum = 1 with journal_replication_factor = 3: the write quorum \
+             must be more than half of the replication factor and at most it (W > N/2, W <= \
+             N), so that a fenced writer can never be acknowledged"
+        );
+        assert!(from(&[("journal_write_quorum", "4")]).is_err());
+        assert!(
+            from(&[
+                ("journal_replication_factor", "5"),
+                ("journal_write_quorum", "3")
+            ])
+            .is_ok()
+        );
+        assert!(
+            from(&[
+                ("journal_replication_factor", "1"),
+                ("journal_write_quorum", "1")
+            ])
+            .is_ok()
+        );
+        assert_eq!(
+            error(&[("journal_replication_factor", "0")]),
+            "journal_replication_factor = 0: must be between 1 and 7"
+        );
     }
 
     #[test]
