@@ -11,6 +11,7 @@ mod caller;
 pub mod event;
 mod handler;
 pub mod journal;
+pub mod maintenance;
 pub mod metrics;
 pub mod service;
 pub mod snapshots;
@@ -41,6 +42,7 @@ use tokio::task::JoinHandle;
 pub struct PersistenceSettings {
     pub writers: WritersSettings,
     pub service: ReplicaServiceSettings,
+    pub maintenance: maintenance::MaintenanceSettings,
     /// Largest write accepted (it must fit a transport frame with room to spare).
     pub max_write_bytes: usize,
 }
@@ -50,6 +52,7 @@ impl Default for PersistenceSettings {
         PersistenceSettings {
             writers: WritersSettings::default(),
             service: ReplicaServiceSettings::default(),
+            maintenance: maintenance::MaintenanceSettings::default(),
             max_write_bytes: 2 * 1024 * 1024,
         }
     }
@@ -61,6 +64,7 @@ pub struct Persistence {
     pub snapshots: Arc<ReplicatedSnapshotStore>,
     pub metrics: Arc<PersistenceMetrics>,
     service: JoinHandle<()>,
+    maintenance: JoinHandle<()>,
 }
 
 impl Persistence {
@@ -89,9 +93,16 @@ impl Persistence {
         });
         let writers = writers::start(
             caller.clone(),
-            membership,
+            membership.clone(),
             settings.writers.clone(),
             metrics.clone(),
+        );
+        let maintenance = maintenance::start(
+            store.clone(),
+            caller.clone(),
+            writers.clone(),
+            membership,
+            settings.maintenance.clone(),
         );
         let snapshots = Arc::new(ReplicatedSnapshotStore::new(
             writers.clone(),
@@ -110,11 +121,13 @@ impl Persistence {
             snapshots,
             metrics,
             service,
+            maintenance,
         })
     }
 
-    /// Stops serving replica calls.
+    /// Stops serving replica calls and scanning for logs to move.
     pub fn stop(self) {
         self.service.abort();
+        self.maintenance.abort();
     }
 }

@@ -53,6 +53,9 @@ impl Default for WritersSettings {
     }
 }
 
+/// Writers started for re-replication at once, at most.
+const MAX_MAINTENANCE_WRITERS: usize = 64;
+
 /// A log ready to be read: where it ends and who holds it.
 #[derive(Clone, Debug)]
 pub struct ReadyLog {
@@ -87,6 +90,9 @@ pub(crate) enum Command {
         persistence_id: String,
         reply: oneshot::Sender<Option<WriterStatus>>,
     },
+    /// Start a writer for a log whose configuration lost a member (re-replication), unless
+    /// one runs; it is dropped again once it is idle.
+    Maintain { persistence_id: String },
     /// The epoch and configuration of this node's serving writer of a log, if any.
     Serving {
         persistence_id: String,
@@ -116,6 +122,9 @@ enum Pending {
 }
 
 struct Slot {
+    /// Started only to move the log off a lost member: dropped as soon as it is idle and
+    /// its configuration is whole.
+    maintenance: bool,
     instance: u64,
     writer: LogWriter<StoredEvent>,
     waiting: Vec<Reply<ReadyLog>>,
@@ -340,6 +349,7 @@ impl Actor {
         self.slots.insert(
             id.clone(),
             Slot {
+                maintenance: false,
                 instance,
                 writer,
                 waiting: Vec::new(),
@@ -459,6 +469,21 @@ impl Actor {
                 }
                 self.drain(&id);
             }
+            Command::Maintain { persistence_id } => {
+                if self.slots.contains_key(persistence_id.as_str()) {
+                    return;
+                }
+                let maintaining = self.slots.values().filter(|s| s.maintenance).count();
+                if maintaining >= MAX_MAINTENANCE_WRITERS {
+                    return;
+                }
+                if let Ok(id) = self.slot(&persistence_id)
+                    && let Some(slot) = self.slots.get_mut(&id)
+                {
+                    slot.maintenance = true;
+                    self.drain(&id);
+                }
+            }
             Command::Serving {
                 persistence_id,
                 reply,
@@ -539,14 +564,26 @@ impl Actor {
         }
     }
 
-    /// Drops idle writers: those unused for the idle timeout, and, when `make_room`, the least
-    /// recently used idle one.
+    /// Drops idle writers: those unused for the idle timeout, maintenance writers whose log
+    /// is whole again, and, when `make_room`, the least recently used idle one.
     fn evict(&mut self, now: Instant, make_room: bool) {
         let timeout = self.settings.writer_idle_timeout;
         let idle = |s: &Slot| s.ops.is_empty() && s.waiting.is_empty() && !s.writer.needs_tick();
+        let members = &self.members;
+        let replication_factor = self.settings.writer.quorums.replication_factor();
+        let whole = |s: &Slot| {
+            s.writer.is_serving()
+                && s.writer.status().config.is_some_and(|c| {
+                    !c.is_joint()
+                        && c.members.len() >= replication_factor.min(members.len())
+                        && c.members.iter().all(|m| members.contains(&m.address))
+                })
+        };
         let before = self.slots.len();
-        self.slots
-            .retain(|_, s| !(idle(s) && now.duration_since(s.last_used) >= timeout));
+        self.slots.retain(|_, s| {
+            let expired = now.duration_since(s.last_used) >= timeout;
+            !(idle(s) && (expired || (s.maintenance && whole(s))))
+        });
         if make_room
             && let Some(id) = self
                 .slots

@@ -23,7 +23,7 @@ struct Node {
     transport: Arc<MemoryTransport>,
     store: Arc<MemoryReplicaStore>,
     persistence: Persistence,
-    _membership: watch::Sender<ClusterSnapshot>,
+    membership: watch::Sender<ClusterSnapshot>,
     _dir: tempfile::TempDir,
 }
 
@@ -57,10 +57,15 @@ fn settings() -> PersistenceSettings {
     settings.writers.writer.request_timeout = Duration::from_millis(500);
     settings.writers.writer.operation_timeout = Duration::from_secs(2);
     settings.writers.writer.recovery_timeout = Duration::from_secs(3);
+    settings.maintenance.scan_interval = Duration::from_millis(100);
     settings
 }
 
 async fn cluster(n: usize) -> (Arc<MemoryNetwork>, Vec<Node>) {
+    cluster_with(n, settings()).await
+}
+
+async fn cluster_with(n: usize, settings: PersistenceSettings) -> (Arc<MemoryNetwork>, Vec<Node>) {
     let network = MemoryNetwork::new(7);
     let addresses: Vec<Address> = (0..n)
         .map(|i| Address::new("10.0.0.1", 7000 + i as u16))
@@ -85,14 +90,14 @@ async fn cluster(n: usize) -> (Arc<MemoryNetwork>, Vec<Node>) {
             store.clone(),
             snapshots,
             queries,
-            settings(),
+            settings.clone(),
         )
         .unwrap();
         nodes.push(Node {
             transport,
             store,
             persistence,
-            _membership: membership,
+            membership,
             _dir: dir,
         });
     }
@@ -252,4 +257,89 @@ async fn snapshots_go_through_the_writer_and_cover_deleted_events_on_another_nod
         .await
         .unwrap_err();
     assert!(stale.to_string().contains("taken over"), "{stale}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_log_moves_off_a_member_that_left() {
+    let mut settings = settings();
+    settings.writers.writer_idle_timeout = Duration::from_millis(300);
+    let (network, nodes) = cluster_with(4, settings).await;
+    let a = nodes[0].persistence.journal.clone();
+    for seq in 1..=5 {
+        a.append(write("log-5", seq, &format!("e{seq}")))
+            .await
+            .unwrap();
+    }
+    let status = a.writer_status("log-5").await.unwrap();
+    let config = status.config.unwrap();
+    // The writer goes idle and is dropped: nobody writes the log any more.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while a.writer_status("log-5").await.is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the idle writer stays"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A member of the log's configuration other than this node leaves the cluster for good.
+    let gone = config
+        .members
+        .iter()
+        .find(|m| m.address != nodes[0].transport.local().address)
+        .unwrap()
+        .address
+        .clone();
+    let spare = nodes
+        .iter()
+        .map(|n| n.transport.local().address.clone())
+        .find(|addr| !config.members.iter().any(|m| &m.address == addr))
+        .unwrap();
+    network.crash(&gone);
+    let remaining: Vec<Address> = nodes
+        .iter()
+        .map(|n| n.transport.local().address.clone())
+        .filter(|addr| *addr != gone)
+        .collect();
+    for (i, node) in nodes.iter().enumerate() {
+        let address = node.transport.local().address.clone();
+        if address == gone {
+            continue;
+        }
+        let me = remaining.iter().position(|a| *a == address).unwrap();
+        let _ = i;
+        node.membership.send_replace(snapshot(me, &remaining));
+    }
+    // Nobody writes the log; within bounded time its replicas are the spare and the two
+    // that stayed, and the spare holds every event.
+    let spare_node = nodes
+        .iter()
+        .find(|n| n.transport.local().address == spare)
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = spare_node.store.entries("log-5").len();
+        let meta = spare_node.store.meta("log-5");
+        let moved = meta
+            .as_ref()
+            .and_then(|m| m.config.as_ref())
+            .is_some_and(|c| {
+                !c.config.is_joint()
+                    && c.config.members.iter().any(|m| m.address == spare)
+                    && !c.config.members.iter().any(|m| m.address == gone)
+            });
+        if held == 5 && moved {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the log did not move to {spare}: {held} events there, meta {meta:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every event is still readable from another node.
+    let expected: Vec<String> = (1..=5).map(|s| format!("e{s}")).collect();
+    assert_eq!(
+        payloads(spare_node.persistence.journal.as_ref(), "log-5").await,
+        expected
+    );
 }

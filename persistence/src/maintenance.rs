@@ -1,0 +1,197 @@
+//! Re-replication of idle logs: a log whose configuration lost a member regains N copies
+//! whether or not an entity writes it (ARCHITECTURE §5 "Placement").
+//!
+//! Every node scans the logs its own store holds, a page at a time. A log needs care when a
+//! member of its configuration is no longer a member of the cluster, or when that member's
+//! node answers with another store than the configuration names (it lost its disk). Of the
+//! configuration's live members, the first in configuration order takes care of it: it starts
+//! a writer for the log, which recovers it and, once serving, moves it off the lost member
+//! (one member per change); the writer is dropped again once it is idle. At most
+//! `max_concurrent` such writers run at once, so a full scan of `L` logs takes at most about
+//! `L / page_size` rounds plus the time their changes take.
+
+use crate::caller::ReplicaCaller;
+use crate::store::ReplicaStore;
+use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
+use crate::writers::{Command, Writers};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_cluster::node::ClusterSnapshot;
+use tessera_cluster::{Address, MemberStatus};
+use tessera_replication::{Configuration, Request, Response};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A log id no writer uses: asking a node to locate it tells its store id and nothing else.
+pub const STORAGE_PROBE_LOG: &str = "tessera.storage-probe";
+
+/// Settings of the scan.
+#[derive(Clone, Debug)]
+pub struct MaintenanceSettings {
+    /// Time between two pages of the scan.
+    pub scan_interval: Duration,
+    /// Logs looked at per page.
+    pub page_size: usize,
+    /// Logs being moved at once by this node.
+    pub max_concurrent: usize,
+}
+
+impl Default for MaintenanceSettings {
+    fn default() -> Self {
+        MaintenanceSettings {
+            scan_interval: Duration::from_secs(2),
+            page_size: 512,
+            max_concurrent: 32,
+        }
+    }
+}
+
+/// Whether a configuration has a member that is gone: not a cluster member that can hold
+/// replicas any more, or its node now has another store.
+pub fn has_lost_member(
+    config: &Configuration,
+    members: &BTreeSet<Address>,
+    storage_ids: &HashMap<Address, u64>,
+) -> bool {
+    config.all_members().iter().any(|m| {
+        !members.contains(&m.address)
+            || storage_ids
+                .get(&m.address)
+                .is_some_and(|id| *id != m.storage_id)
+    })
+}
+
+/// Whether `local` is the first live member of `config`: the one that takes care of it.
+pub fn takes_care(config: &Configuration, members: &BTreeSet<Address>, local: &Address) -> bool {
+    config
+        .all_members()
+        .iter()
+        .find(|m| members.contains(&m.address))
+        .is_some_and(|m| &m.address == local)
+}
+
+/// Starts the scan.
+pub(crate) fn start(
+    store: Arc<dyn ReplicaStore>,
+    caller: Arc<dyn ReplicaCaller>,
+    writers: Writers,
+    mut membership: watch::Receiver<ClusterSnapshot>,
+    settings: MaintenanceSettings,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let local = caller.local().0.clone();
+        let mut after: Option<String> = None;
+        let mut storage_ids: HashMap<Address, u64> = HashMap::new();
+        loop {
+            tokio::time::sleep(settings.scan_interval).await;
+            let snapshot = membership.borrow_and_update().clone();
+            if snapshot.self_status != Some(MemberStatus::Up) {
+                continue;
+            }
+            let members: BTreeSet<Address> = snapshot
+                .members
+                .iter()
+                .filter(|m| {
+                    matches!(
+                        m.status,
+                        MemberStatus::Up | MemberStatus::Leaving | MemberStatus::Exiting
+                    )
+                })
+                .map(|m| m.address().clone())
+                .collect();
+            if after.is_none() {
+                // Once per pass: which store each member runs now.
+                storage_ids = probe_storage_ids(&caller, &members).await;
+            }
+            let page = match store.logs(after.clone(), settings.page_size).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(error = %e, "scanning the replica store failed");
+                    continue;
+                }
+            };
+            after = if page.len() < settings.page_size {
+                None
+            } else {
+                page.last().map(|(id, _)| id.clone())
+            };
+            let mut started = 0;
+            for (log, config) in page {
+                if started >= settings.max_concurrent {
+                    // The rest of the page is looked at again in the next pass.
+                    after = None;
+                    break;
+                }
+                if has_lost_member(&config.config, &members, &storage_ids)
+                    && takes_care(&config.config, &members, &local)
+                {
+                    started += 1;
+                    let _ = writers.send(Command::Maintain {
+                        persistence_id: log,
+                    });
+                }
+            }
+        }
+    })
+}
+
+/// Asks every member which store it runs, with the probe log.
+async fn probe_storage_ids(
+    caller: &Arc<dyn ReplicaCaller>,
+    members: &BTreeSet<Address>,
+) -> HashMap<Address, u64> {
+    let calls = members.iter().map(|address| {
+        let reply = caller.call_any(
+            address,
+            ReplicaCall {
+                log: STORAGE_PROBE_LOG.to_string(),
+                storage_id: None,
+                request: ReplicaRequest::Log(Request::Locate),
+            },
+        );
+        async move { (address.clone(), reply.await) }
+    });
+    futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .filter_map(|(address, reply)| match reply {
+            Ok(ReplicaReply::Answer(Response::Located { storage_id, .. })) => {
+                Some((address, storage_id))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_replication::ReplicaId;
+
+    fn address(port: u16) -> Address {
+        Address::new("10.0.0.1", port)
+    }
+
+    #[test]
+    fn a_member_that_left_or_changed_its_store_is_lost() {
+        let config = Configuration::new(
+            1,
+            vec![
+                ReplicaId::new(address(1), 11),
+                ReplicaId::new(address(2), 12),
+                ReplicaId::new(address(3), 13),
+            ],
+        );
+        let all: BTreeSet<Address> = [address(1), address(2), address(3)].into();
+        let mut ids = HashMap::new();
+        assert!(!has_lost_member(&config, &all, &ids));
+        let two: BTreeSet<Address> = [address(2), address(3)].into();
+        assert!(has_lost_member(&config, &two, &ids));
+        // The first live member in configuration order takes care of it.
+        assert!(takes_care(&config, &two, &address(2)));
+        assert!(!takes_care(&config, &two, &address(3)));
+        ids.insert(address(3), 99);
+        assert!(has_lost_member(&config, &all, &ids));
+    }
+}
