@@ -13,11 +13,16 @@ use crate::writers::{Command, ReadyLog, Writers};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use std::sync::Arc;
+use tessera_cluster::node::ClusterSnapshot;
+use tessera_cluster::{Address, MemberStatus};
 use tessera_journal::{
     AtomicWrite, EventEnvelope, Journal, JournalError, JournalStream, PersistentRepr, QueryMode,
     validate_write,
 };
-use tessera_replication::{Request, Response, Target, WriterStatus};
+use tessera_replication::{
+    ConfigAt, LogSummary, ReplicaId, Request, Response, Target, WriterStatus,
+};
+use tokio::sync::watch;
 
 /// Events read per page from another node's replica.
 const READ_PAGE_ENTRIES: u32 = 1_000;
@@ -29,7 +34,31 @@ pub struct ReplicatedJournal {
     caller: Arc<dyn ReplicaCaller>,
     store: Arc<dyn ReplicaStore>,
     queries: Arc<dyn Journal>,
+    membership: watch::Receiver<ClusterSnapshot>,
     max_write_bytes: usize,
+}
+
+/// One replica's view of a log, as [`ReplicatedJournal::inspect`] found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaView {
+    pub replica: ReplicaId,
+    /// Whether it answered; the fields below are its answer.
+    pub reachable: bool,
+    /// Its node runs another store than the configuration names (it lost its data).
+    pub wrong_storage: bool,
+    pub summary: Option<LogSummary>,
+}
+
+/// A log as its replicas see it, for operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogInspection {
+    pub persistence_id: String,
+    /// The latest configuration any member reported (with the epoch that stored it).
+    pub config: Option<ConfigAt>,
+    /// The configuration's members, each with its answer.
+    pub replicas: Vec<ReplicaView>,
+    /// This node's writer of the log, if it has one.
+    pub writer: Option<WriterStatus>,
 }
 
 impl ReplicatedJournal {
@@ -38,6 +67,7 @@ impl ReplicatedJournal {
         caller: Arc<dyn ReplicaCaller>,
         store: Arc<dyn ReplicaStore>,
         queries: Arc<dyn Journal>,
+        membership: watch::Receiver<ClusterSnapshot>,
         max_write_bytes: usize,
     ) -> Self {
         ReplicatedJournal {
@@ -45,7 +75,68 @@ impl ReplicatedJournal {
             caller,
             store,
             queries,
+            membership,
             max_write_bytes,
+        }
+    }
+
+    /// Asks every member of the cluster what it holds of a log (a read; nothing is fenced):
+    /// its configuration, and each replica's promise, last entry, acknowledged mark and
+    /// deleted prefix.
+    pub async fn inspect(&self, persistence_id: &str) -> LogInspection {
+        let addresses: Vec<Address> = self
+            .membership
+            .borrow()
+            .members
+            .iter()
+            .filter(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
+            .map(|m| m.address().clone())
+            .collect();
+        let calls = addresses.iter().map(|address| {
+            let reply = self.caller.call(
+                &Target::Address(address.clone()),
+                persistence_id,
+                Request::Locate,
+            );
+            async move { (address.clone(), reply.await) }
+        });
+        let answers: Vec<(Address, u64, Option<LogSummary>)> = futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .filter_map(|(address, result)| match result {
+                CallResult::Response(Response::Located {
+                    storage_id,
+                    summary,
+                }) => Some((address, storage_id, summary)),
+                _ => None,
+            })
+            .collect();
+        let config = answers
+            .iter()
+            .filter_map(|(_, _, s)| s.as_ref().and_then(|s| s.config.clone()))
+            .max_by_key(|c| c.rank());
+        let replicas = config
+            .as_ref()
+            .map(|c| c.config.all_members())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|replica| {
+                let answer = answers.iter().find(|(a, _, _)| *a == replica.address);
+                ReplicaView {
+                    reachable: answer.is_some(),
+                    wrong_storage: answer.is_some_and(|(_, id, _)| *id != replica.storage_id),
+                    summary: answer
+                        .filter(|(_, id, _)| *id == replica.storage_id)
+                        .and_then(|(_, _, s)| s.clone()),
+                    replica,
+                }
+            })
+            .collect();
+        LogInspection {
+            persistence_id: persistence_id.to_string(),
+            config,
+            replicas,
+            writer: self.writers.status(persistence_id).await,
         }
     }
 

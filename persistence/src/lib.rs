@@ -20,7 +20,7 @@ pub mod wire;
 pub mod writers;
 
 pub use event::StoredEvent;
-pub use journal::ReplicatedJournal;
+pub use journal::{LogInspection, ReplicaView, ReplicatedJournal};
 pub use metrics::PersistenceMetrics;
 pub use service::ReplicaServiceSettings;
 pub use snapshots::ReplicatedSnapshotStore;
@@ -91,6 +91,7 @@ impl Persistence {
             local: handler,
             timeout: settings.writers.writer.request_timeout,
         });
+        let journal_membership = membership.clone();
         let writers = writers::start(
             caller.clone(),
             membership.clone(),
@@ -114,6 +115,7 @@ impl Persistence {
             caller,
             store,
             queries,
+            journal_membership,
             settings.max_write_bytes,
         ));
         Ok(Persistence {

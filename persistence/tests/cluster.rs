@@ -142,6 +142,17 @@ async fn events_written_on_one_node_are_recovered_on_another() {
         .filter(|n| n.store.entries("log-1").len() >= 19)
         .count();
     assert!(held >= 2, "{held} replicas hold the log");
+    // An operator sees the configuration and every replica's state.
+    let inspection = nodes[2].persistence.journal.inspect("log-1").await;
+    let config = inspection.config.expect("a configuration");
+    assert_eq!(config.config.members.len(), 3);
+    assert_eq!(inspection.replicas.len(), 3);
+    for replica in &inspection.replicas {
+        assert!(replica.reachable && !replica.wrong_storage, "{replica:?}");
+        let summary = replica.summary.as_ref().unwrap();
+        assert!(summary.last.seq >= 19 && summary.lac >= 18, "{summary:?}");
+    }
+    assert!(inspection.writer.is_none(), "node 3 writes nothing");
     let b = nodes[1].persistence.journal.clone();
     let expected: Vec<String> = (1..=20).map(|s| format!("e{s}")).collect();
     assert_eq!(payloads(b.as_ref(), "log-1").await, expected);
