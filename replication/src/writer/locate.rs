@@ -99,16 +99,23 @@ impl Locating {
     }
 
     fn decide<P>(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
-        if !self.waiting.is_empty() {
-            return Next::Stay;
-        }
-        if let Some(config) = self.best_found() {
+        // A replicated log's configuration found anywhere is enough to start: the recovery
+        // follows the promisers to any later one, so the answers still out (a member that is
+        // down) need not be waited for. A log from before replication waits for all answers:
+        // a replicated one elsewhere would win.
+        let replicated = self.found.iter().any(|(_, s)| s.config.is_some());
+        if (self.waiting.is_empty() || replicated)
+            && let Some(config) = self.best_found()
+        {
             return Next::Recover(RecoverFrom {
                 configs: vec![config],
                 target: None,
                 creating: false,
                 seen: self.seen,
             });
+        }
+        if !self.waiting.is_empty() {
+            return Next::Stay;
         }
         if !self.wide {
             self.wide = true;
