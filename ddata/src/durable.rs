@@ -1,14 +1,14 @@
 //! The durable store of Distributed Data: keys matching the configured patterns are written
 //! here (fsynced) before an update of them is acknowledged, and loaded at start, so they
 //! survive a restart of the whole cluster. One RocksDB database; values are sealed records
-//! (format version + blake3 checksum, see `tessera_journal::storage`) around the envelope's
+//! (format version + blake3 checksum, see `tessera_storage`) around the envelope's
 //! versioned encoding.
 
 use crate::codec;
 use crate::envelope::DataEnvelope;
 use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use std::path::{Path, PathBuf};
-use tessera_journal::storage::{self, FORMAT_VERSION_KEY, StoreFormatError};
+use tessera_storage::{self as storage, FORMAT_VERSION_KEY, StoreFormatError};
 
 /// The store format version this release writes.
 pub const STORE_FORMAT_VERSION: u32 = 1;

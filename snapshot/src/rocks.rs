@@ -16,8 +16,7 @@ use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
-use tessera_journal::storage::{self, FORMAT_VERSION_KEY, UnsealError};
-use tessera_journal::{FsyncPolicy, Manifest};
+use tessera_storage::{self as storage, FORMAT_VERSION_KEY, FsyncPolicy, Manifest, UnsealError};
 
 /// The store format version this release writes; stores with a higher one are refused.
 pub const STORE_FORMAT_VERSION: u32 = 1;
@@ -61,7 +60,7 @@ fn snapshot_key(persistence_id: &str, sequence_nr: u64) -> Vec<u8> {
 }
 
 /// Keys of one log's snapshots start with this; persistence ids are at most
-/// [`tessera_journal::MAX_NAME_BYTES`] long, so the length fits a u16.
+/// [`tessera_storage::MAX_NAME_BYTES`] long, so the length fits a u16.
 fn log_prefix(persistence_id: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(2 + persistence_id.len() + 8);
     key.extend_from_slice(&(persistence_id.len() as u16).to_be_bytes());

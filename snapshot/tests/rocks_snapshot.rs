@@ -4,11 +4,11 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use tessera_journal::storage;
 use tessera_snapshot::{
     FsyncPolicy, Manifest, RocksSnapshotStore, SnapshotConfig, SnapshotError, SnapshotMetadata,
     SnapshotSelectionCriteria as Criteria, SnapshotStore,
 };
+use tessera_storage as storage;
 
 fn config(dir: &Path) -> SnapshotConfig {
     SnapshotConfig {
@@ -176,7 +176,7 @@ async fn a_store_of_a_newer_format_is_refused() {
 async fn invalid_persistence_ids_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path()).await;
-    let long = "x".repeat(tessera_journal::MAX_NAME_BYTES + 1);
+    let long = "x".repeat(tessera_storage::MAX_NAME_BYTES + 1);
     for pid in ["", long.as_str()] {
         assert!(matches!(
             store.load(pid, Criteria::latest()).await,

@@ -9,16 +9,16 @@ mod tests;
 mod writer;
 
 use crate::config::JournalConfig;
-use crate::error::{JournalError, MAX_NAME_BYTES, MAX_TAGS_PER_EVENT, name_excerpt, validate_name};
+use crate::error::{JournalError, MAX_TAGS_PER_EVENT, validate_name};
 use crate::journal::{Journal, JournalStream, QueryMode};
 use crate::record::{AtomicWrite, EventEnvelope, PersistentRepr};
-use crate::storage::{self, FORMAT_VERSION_KEY};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use keys::{CF_EVENTS, CF_META, CF_TAG_INDEX};
 use rocksdb::{BlockBasedOptions, ColumnFamilyDescriptor, DB, Options, SliceTransform};
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
+use tessera_storage::{self as storage, FORMAT_VERSION_KEY, MAX_NAME_BYTES, name_excerpt};
 use tokio::sync::{oneshot, watch};
 
 /// The key of event `sequence_nr` of log number `pid_num` in the `events` column family.

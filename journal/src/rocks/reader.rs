@@ -20,7 +20,6 @@ use crate::record::{
     EventDecoder, EventEnvelope, PAYLOAD_ARENA_BYTES, PersistentRepr, RECORD_FORMAT_VERSION,
     unseal_error,
 };
-use crate::storage::{self, CHECK_GROUP};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use smol_str::SmolStr;
@@ -29,6 +28,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tessera_storage::{self as storage, CHECK_GROUP};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
