@@ -5,8 +5,10 @@
 //! ids, and live variants of the queries. [`RocksJournal`] implements it on RocksDB with one
 //! group-committing writer thread; the quorum-replicated journal will implement it too.
 //!
-//! Every record carries a format version and a blake3 checksum verified on read
-//! ([`storage`]); a store written by a newer release is refused at open.
+//! Every record carries a format version and a checksum that binds its key, verified on read
+//! ([`storage`]): xxh3 for the records this release writes, keyed BLAKE3 for those of
+//! earlier releases, which stay readable. A store written by a newer release is refused at
+//! open.
 
 mod config;
 mod error;

@@ -2,7 +2,8 @@
 //! share about keeping data on disk, so that none of them depends on another.
 //!
 //! - [`seal`] and [`unseal`]: every stored record is `[checksum][format version][body]`, and
-//!   the checksum binds the record's key.
+//!   the checksum binds the record's key; [`RecordFormat`] says which checksum (xxh3, or the
+//!   keyed BLAKE3 of earlier releases) a version carries.
 //! - [`check_store_format`]: a store written by a newer release is refused before it is
 //!   opened for writing.
 //! - [`Manifest`], [`FsyncPolicy`] and the rule for names ([`name_problem`]), which the stores
@@ -10,7 +11,6 @@
 
 mod fsync;
 mod manifest;
-mod multihash;
 mod names;
 mod sealed;
 mod store_format;
@@ -19,7 +19,6 @@ pub use fsync::FsyncPolicy;
 pub use manifest::Manifest;
 pub use names::{MAX_NAME_BYTES, name_excerpt, name_problem};
 pub use sealed::{
-    CHECK_GROUP, CHECKSUM_LEN, SEAL_HEADER_LEN, UnsealError, check_sealed_many, seal,
-    seal_in_place, split_sealed, unseal,
+    CHECKSUM_LEN, RecordFormat, SEAL_HEADER_LEN, UnsealError, seal, seal_in_place, unseal,
 };
 pub use store_format::{FORMAT_VERSION_KEY, StoreFormatError, check_store_format};
