@@ -1,18 +1,28 @@
 //! The durable store of Distributed Data: keys matching the configured patterns are written
 //! here (fsynced) before an update of them is acknowledged, and loaded at start, so they
 //! survive a restart of the whole cluster. One RocksDB database; values are sealed records
-//! (format version + blake3 checksum, see `tessera_journal::storage`) around the envelope's
-//! versioned encoding.
+//! (format version + checksum, see `tessera_storage`) around the envelope's versioned
+//! encoding.
 
 use crate::codec;
 use crate::envelope::DataEnvelope;
 use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use std::path::{Path, PathBuf};
-use tessera_journal::storage::{self, FORMAT_VERSION_KEY, StoreFormatError};
+use tessera_storage::{self as storage, FORMAT_VERSION_KEY, RecordFormat, StoreFormatError};
 
-/// The store format version this release writes.
-pub const STORE_FORMAT_VERSION: u32 = 1;
-const RECORD_FORMAT_VERSION: u8 = 1;
+/// The store format version this release writes; stores with a higher one are refused, and
+/// older ones are read and marked with this one when opened:
+///
+/// - 1: records of format 1;
+/// - 2: records of format 2 too. A release of store format 1 would fail to load such a
+///   record, and with it the whole store, at start; the store is marked 2 so that such a
+///   release refuses it at open instead.
+pub const STORE_FORMAT_VERSION: u32 = 2;
+
+/// The record format this release writes; it reads this one and every earlier one. The body
+/// is the envelope's encoding in both; format 1 is sealed with keyed BLAKE3, format 2 with
+/// xxh3 (see [`RecordFormat`]).
+const DURABLE_RECORDS: RecordFormat = RecordFormat::new(2, 2);
 const CF_DATA: &str = "data";
 const CF_META: &str = "meta";
 
@@ -67,7 +77,9 @@ impl DurableStore {
             path: path.to_path_buf(),
             sync,
         };
-        if existing.is_none() {
+        // An older store is marked with this release's format before anything is written to
+        // it, so that the releases that wrote it refuse it from then on.
+        if existing != Some(STORE_FORMAT_VERSION) {
             let meta = store.cf(CF_META)?;
             store
                 .db
@@ -109,7 +121,7 @@ impl DurableStore {
                 key: name.clone(),
                 detail,
             };
-            let (_, body) = storage::unseal(RECORD_FORMAT_VERSION, &key, &value)
+            let (_, body) = storage::unseal(DURABLE_RECORDS, &key, &value)
                 .map_err(|e| corrupt(e.to_string()))?;
             let envelope: DataEnvelope =
                 codec::decode("durable data envelope", body).map_err(|e| corrupt(e.to_string()))?;
@@ -132,7 +144,7 @@ impl DurableStore {
             batch.put_cf(
                 cf,
                 key.as_bytes(),
-                storage::seal(RECORD_FORMAT_VERSION, key.as_bytes(), &body),
+                storage::seal(DURABLE_RECORDS, key.as_bytes(), &body),
             );
         }
         self.db
@@ -191,5 +203,85 @@ mod tests {
         store.db.put_cf(cf, b"precious", value).unwrap();
         let error = store.load_all().unwrap_err();
         assert!(error.to_string().contains("precious"), "{error}");
+        // Caught by the checksum: the altered byte would decode.
+        assert!(error.to_string().contains("checksum"), "{error}");
+    }
+
+    #[test]
+    fn a_record_moved_under_another_key_stops_the_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DurableStore::open(dir.path()).unwrap();
+        store
+            .store(&[("a".into(), envelope(1)), ("b".into(), envelope(2))])
+            .unwrap();
+        let cf = store.cf(CF_DATA).unwrap();
+        let a = store.db.get_cf(cf, b"a").unwrap().unwrap();
+        store.db.put_cf(cf, b"b", a).unwrap();
+        let error = store.load_all().unwrap_err();
+        assert!(
+            matches!(&error, DurableStoreError::Corrupt { key, detail, .. }
+                if key == "b" && detail.contains("checksum")),
+            "{error:?}"
+        );
+    }
+
+    /// `body` stored under `key` as the releases before record format 2 stored it, built by
+    /// hand: `[checksum: 16][1][body]`, the checksum being the first 16 bytes of BLAKE3's
+    /// keyed hash of `1 || body`, keyed by the key's length byte and bytes zero-padded to 32
+    /// bytes (for keys under 32 bytes).
+    fn format_1_record(key: &[u8], body: &[u8]) -> Vec<u8> {
+        assert!(key.len() < 32, "longer keys were hashed");
+        let mut blake3_key = [0u8; 32];
+        blake3_key[0] = key.len() as u8;
+        blake3_key[1..=key.len()].copy_from_slice(key);
+        let versioned_body = [&[1u8][..], body].concat();
+        let checksum = blake3::keyed_hash(&blake3_key, &versioned_body);
+        [&checksum.as_bytes()[..16], &versioned_body].concat()
+    }
+
+    #[test]
+    fn records_of_format_1_from_an_earlier_release_load() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // The store as a release of store format 1 left it, with one of its records.
+            let store = DurableStore::open(dir.path()).unwrap();
+            let meta = store.cf(CF_META).unwrap();
+            store
+                .db
+                .put_cf(meta, FORMAT_VERSION_KEY, 1u32.to_be_bytes())
+                .unwrap();
+            let body = codec::encode("durable data envelope", &envelope(5)).unwrap();
+            let value = format_1_record(b"old", &body);
+            store
+                .db
+                .put_cf(store.cf(CF_DATA).unwrap(), b"old", value)
+                .unwrap();
+        }
+        let store = DurableStore::open(dir.path()).unwrap();
+        store.store(&[("new".into(), envelope(6))]).unwrap();
+        assert_eq!(
+            store.load_all().unwrap(),
+            vec![("new".into(), envelope(6)), ("old".into(), envelope(5))]
+        );
+        // Marked with this release's format, which the release of format 1 refuses.
+        let marker = store
+            .db
+            .get_cf(store.cf(CF_META).unwrap(), FORMAT_VERSION_KEY);
+        assert_eq!(
+            marker.unwrap(),
+            Some(STORE_FORMAT_VERSION.to_be_bytes().to_vec())
+        );
+        // Its checksum is still checked.
+        let cf = store.cf(CF_DATA).unwrap();
+        let mut altered = store.db.get_cf(cf, b"old").unwrap().unwrap();
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        store.db.put_cf(cf, b"old", altered).unwrap();
+        let error = store.load_all().unwrap_err();
+        assert!(
+            matches!(&error, DurableStoreError::Corrupt { key, detail, .. }
+                if key == "old" && detail.contains("checksum")),
+            "{error:?}"
+        );
     }
 }

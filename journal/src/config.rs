@@ -2,41 +2,7 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// When a committed batch reaches the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FsyncPolicy {
-    /// Every batch is fsynced before its writes are acknowledged: acknowledged events survive
-    /// power loss.
-    #[default]
-    Always,
-    /// Batches are handed to the operating system but not fsynced: acknowledged events survive
-    /// a crash of the process, not of the machine.
-    Never,
-}
-
-impl std::str::FromStr for FsyncPolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "always" => Ok(FsyncPolicy::Always),
-            "never" => Ok(FsyncPolicy::Never),
-            other => Err(format!(
-                "unknown fsync policy {other:?}: expected always or never"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for FsyncPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            FsyncPolicy::Always => "always",
-            FsyncPolicy::Never => "never",
-        })
-    }
-}
+use tessera_storage::FsyncPolicy;
 
 /// Configuration of a [`RocksJournal`](crate::RocksJournal).
 #[derive(Debug, Clone)]

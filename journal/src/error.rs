@@ -1,7 +1,7 @@
 //! The journal's typed errors. Every message names the persistence id, sequence number or
 //! value at fault and what was expected.
 
-use crate::storage::StoreFormatError;
+use tessera_storage::{StoreFormatError, name_excerpt, name_problem};
 
 /// What can go wrong with a journal operation.
 #[derive(Debug, thiserror::Error)]
@@ -134,30 +134,8 @@ impl From<rocksdb::Error> for JournalError {
     }
 }
 
-/// Longest persistence id, writer id or tag accepted, in bytes.
-pub const MAX_NAME_BYTES: usize = 1024;
 /// Most tags one event may carry.
 pub const MAX_TAGS_PER_EVENT: usize = 256;
-
-/// What is wrong with a persistence id, writer id or tag, if anything: empty, or longer than
-/// [`MAX_NAME_BYTES`]. Shared with the snapshot store, whose ids follow the same rule.
-pub fn name_problem(value: &str) -> Option<String> {
-    if value.is_empty() {
-        Some("must not be empty".to_string())
-    } else if value.len() > MAX_NAME_BYTES {
-        Some(format!(
-            "is {} bytes, more than {MAX_NAME_BYTES}",
-            value.len()
-        ))
-    } else {
-        None
-    }
-}
-
-/// The first 64 characters of a name, for error messages.
-pub fn name_excerpt(value: &str) -> String {
-    value.chars().take(64).collect()
-}
 
 /// Checks a persistence id, writer id or tag.
 pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<(), JournalError> {

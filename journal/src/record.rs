@@ -2,31 +2,9 @@
 //! they come back ([`PersistentRepr`], [`EventEnvelope`]), and their encoding on disk.
 
 use crate::error::JournalError;
-use crate::storage::{self, UnsealError};
 use bytes::{Bytes, BytesMut};
 use smol_str::SmolStr;
-
-/// The type of a payload and the version of that type's encoding, so that an old event can be
-/// recognised and upcast by a later release.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Manifest {
-    /// The payload's type name, e.g. `account.Deposited`. A replay hands the same name to
-    /// thousands of events: up to 23 bytes it is stored inline and copied, longer ones are
-    /// shared.
-    pub type_name: SmolStr,
-    /// The version of that type's encoding.
-    pub version: u32,
-}
-
-impl Manifest {
-    /// A manifest for `type_name` at `version`.
-    pub fn new(type_name: impl Into<SmolStr>, version: u32) -> Self {
-        Manifest {
-            type_name: type_name.into(),
-            version,
-        }
-    }
-}
+use tessera_storage::{self as storage, Manifest, RecordFormat, UnsealError};
 
 /// One event of an [`AtomicWrite`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,8 +90,8 @@ const _: () = assert!(std::mem::size_of::<PersistentRepr>() <= 128);
 
 /// The record format version this release writes; it reads this one and every earlier one.
 ///
-/// The body of an event record on disk, format 2 (the persistence id and sequence number live
-/// in the key; integers are LEB128 varints):
+/// The body of an event record on disk, formats 2 and 3 (the persistence id and sequence
+/// number live in the key; integers are LEB128 varints):
 ///
 /// ```text
 /// tag_count | offset (only if tag_count > 0) | timestamp_ms | manifest_version
@@ -122,16 +100,31 @@ const _: () = assert!(std::mem::size_of::<PersistentRepr>() <= 128);
 ///
 /// `offset` is the event's position in the tag order, which lets a physical delete find its
 /// tag index entries; an untagged event has none (0). Varints rather than format 1's fixed
-/// widths because every record is hashed on read and blake3 works in 64-byte blocks: the
-/// 15-odd bytes saved bring a 100-byte event with short names from three blocks to two. A
-/// hand-written layout rather than postcard: decoding is on the replay path, and names equal
-/// to the previous record's are recognised by their bytes without being validated again.
-pub const RECORD_FORMAT_VERSION: u8 = 2;
+/// widths: the 15-odd bytes saved were a third fewer blocks for format 2's BLAKE3 to hash in
+/// a 100-byte event with short names, and are still bytes every read handles. A hand-written
+/// layout rather than postcard: decoding is on the replay path, and names equal to the
+/// previous record's are recognised by their bytes without being validated again.
+///
+/// Format 3 differs from format 2 in its checksum only: xxh3 rather than keyed BLAKE3 (see
+/// [`RecordFormat`]).
+pub const RECORD_FORMAT_VERSION: u8 = 3;
+
+/// The second record format, still read: the body of format 3 under a keyed BLAKE3 checksum.
+const RECORD_FORMAT_VARINT_BLAKE3: u8 = 2;
 
 /// The first record format, still read: a fixed little-endian layout
 /// (`offset u64 | timestamp_ms u64 | manifest_version u32`, then names as `len u16 | bytes`:
-/// writer id, manifest, `tag_count u16` and the tags, then the payload).
+/// writer id, manifest, `tag_count u16` and the tags, then the payload), under a keyed BLAKE3
+/// checksum.
 const RECORD_FORMAT_FIXED: u8 = 1;
+
+/// Event records: xxh3 checksums from format 3 on, keyed BLAKE3 before.
+const EVENT_RECORDS: RecordFormat = RecordFormat::new(RECORD_FORMAT_VERSION, 3);
+
+/// The two body layouts, named by the first format that has them: constant parameters of
+/// the decoding, so that each layout is decoded along one straight path.
+const FIXED_BODY: u8 = RECORD_FORMAT_FIXED;
+const VARINT_BODY: u8 = RECORD_FORMAT_VARINT_BLAKE3;
 
 /// The most bytes a LEB128 varint of a u64 takes.
 const MAX_VARINT_BYTES: usize = 10;
@@ -172,7 +165,7 @@ pub(crate) fn encode_event(key: &[u8], writer_id: &str, offset: u64, event: &New
         put_name(&mut value, tag);
     }
     value.extend_from_slice(&event.payload);
-    storage::seal_in_place(RECORD_FORMAT_VERSION, key, &mut value);
+    storage::seal_in_place(EVENT_RECORDS, key, &mut value);
     value
 }
 
@@ -400,9 +393,9 @@ struct BodyFields<'b> {
 }
 
 impl<'b> BodyFields<'b> {
-    /// The next tag, a name of format `FORMAT`.
-    fn tag<const FORMAT: u8>(&mut self) -> &'b [u8] {
-        if FORMAT == RECORD_FORMAT_FIXED {
+    /// The next tag, a name of body layout `BODY`.
+    fn tag<const BODY: u8>(&mut self) -> &'b [u8] {
+        if BODY == FIXED_BODY {
             self.reader.fixed_name_or("truncated tag")
         } else {
             self.reader.name_or("truncated tag")
@@ -410,12 +403,12 @@ impl<'b> BodyFields<'b> {
     }
 }
 
-/// Splits a body of record format `FORMAT` at its tags; a problem is noted in the reader.
-/// The format is a constant, so that each format's decoding is one straight path.
+/// Splits a body of layout `BODY` ([`FIXED_BODY`] or [`VARINT_BODY`]) at its tags; a problem
+/// is noted in the reader.
 #[inline(always)]
-fn parse_body<const FORMAT: u8>(body: &[u8]) -> BodyFields<'_> {
+fn parse_body<const BODY: u8>(body: &[u8]) -> BodyFields<'_> {
     let mut reader = BodyReader::new(body);
-    let header = if FORMAT == RECORD_FORMAT_FIXED {
+    let header = if BODY == FIXED_BODY {
         fixed_header(&mut reader)
     } else {
         varint_header(&mut reader)
@@ -453,8 +446,8 @@ impl EventDecoder {
         }
     }
 
-    /// Decodes the sealed value stored under `key` for (`persistence_id`, `sequence_nr`),
-    /// with its tags, copying its payload.
+    /// Verifies and decodes the sealed value stored under `key` for (`persistence_id`,
+    /// `sequence_nr`), with its tags, copying its payload.
     pub fn decode(
         &mut self,
         persistence_id: &SmolStr,
@@ -462,52 +455,41 @@ impl EventDecoder {
         key: &[u8],
         value: &[u8],
     ) -> Result<DecodedEvent, JournalError> {
-        verify_event(persistence_id, sequence_nr, key, value)?;
+        let (version, body) = unseal_event(persistence_id, sequence_nr, key, value)?;
         let mut offset = 0;
         let mut tags = Vec::new();
-        let repr = self.decode_copying(
+        let repr = self.decode_body(
             persistence_id,
             sequence_nr,
-            value,
+            version,
+            body,
+            Self::copy_payload,
             &mut offset,
             Some(&mut tags),
         )?;
         Ok(DecodedEvent { offset, repr, tags })
     }
 
-    /// Decodes a replayed event's sealed value, whose checksum was already verified, copying
-    /// its payload. Like [`EventDecoder::decode_shared`] it skips the tags (a replayed event
+    /// Verifies and decodes a replayed event's sealed value, stored under `key`, copying its
+    /// payload. Like [`EventDecoder::decode_shared`] it skips the tags (a replayed event
     /// carries none), so that a record decodes alike whichever way its chunk hands out
     /// payloads.
     pub fn decode_copied(
         &mut self,
         persistence_id: &SmolStr,
         sequence_nr: u64,
+        key: &[u8],
         value: &[u8],
     ) -> Result<PersistentRepr, JournalError> {
-        self.decode_copying(persistence_id, sequence_nr, value, &mut 0, None)
-    }
-
-    /// Decodes a sealed value whose checksum was already verified, copying its payload: see
-    /// [`EventDecoder::decode_body`] for `offset` and `tags`.
-    fn decode_copying(
-        &mut self,
-        persistence_id: &SmolStr,
-        sequence_nr: u64,
-        value: &[u8],
-        offset: &mut u64,
-        tags: Option<&mut Vec<String>>,
-    ) -> Result<PersistentRepr, JournalError> {
-        let (version, body) = storage::split_sealed(value)
-            .ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
+        let (version, body) = unseal_event(persistence_id, sequence_nr, key, value)?;
         self.decode_body(
             persistence_id,
             sequence_nr,
             version,
             body,
             Self::copy_payload,
-            offset,
-            tags,
+            &mut 0,
+            None,
         )
     }
 
@@ -520,9 +502,9 @@ impl EventDecoder {
         self.payloads.split().freeze()
     }
 
-    /// Decodes the record at `range` of `values`, whose checksum was already verified,
-    /// without copying its payload: the payload is a slice of `values`, and keeps all of
-    /// `values` alive as long as it lives.
+    /// Verifies and decodes the record at `range` of `values`, stored under `key`, without
+    /// copying its payload: the payload is a slice of `values`, and keeps all of `values`
+    /// alive as long as it lives.
     ///
     /// This is a replay's decoding of every event, so the event is built once, from fields
     /// read where they lie (measured: building it through intermediate structs and results
@@ -533,14 +515,13 @@ impl EventDecoder {
         &mut self,
         persistence_id: &SmolStr,
         sequence_nr: u64,
+        key: &[u8],
         values: &Bytes,
         range: std::ops::Range<usize>,
     ) -> Result<PersistentRepr, JournalError> {
         let end = range.end;
-        let (version, body) = values
-            .get(range)
-            .and_then(storage::split_sealed)
-            .ok_or_else(|| shorter_than_header(persistence_id, sequence_nr))?;
+        let value = values.get(range).unwrap_or_default();
+        let (version, body) = unseal_event(persistence_id, sequence_nr, key, value)?;
         // The payload is the rest of the body, so it ends where the record ends (and `end`
         // is inside `values`: the range was just read from it).
         let payload =
@@ -557,10 +538,9 @@ impl EventDecoder {
         )
     }
 
-    /// Decodes the body of a record of format `version` that [`verify_event`] accepted, sets
-    /// `offset` to its place in the tag order and puts its tags into `tags` (if asked for;
-    /// they are skipped otherwise); `payload` makes the payload's `Bytes` from its bytes in
-    /// the body.
+    /// Decodes the verified body of a record of format `version`, sets `offset` to its place
+    /// in the tag order and puts its tags into `tags` (if asked for; they are skipped
+    /// otherwise); `payload` makes the payload's `Bytes` from its bytes in the body.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn decode_body(
@@ -574,17 +554,20 @@ impl EventDecoder {
         tags: Option<&mut Vec<String>>,
     ) -> Result<PersistentRepr, JournalError> {
         match version {
-            RECORD_FORMAT_VERSION => self.decode_format::<RECORD_FORMAT_VERSION>(
+            RECORD_FORMAT_VERSION | RECORD_FORMAT_VARINT_BLAKE3 => self
+                .decode_layout::<VARINT_BODY>(
+                    persistence_id,
+                    sequence_nr,
+                    version,
+                    body,
+                    payload,
+                    offset,
+                    tags,
+                ),
+            RECORD_FORMAT_FIXED => self.decode_layout::<FIXED_BODY>(
                 persistence_id,
                 sequence_nr,
-                body,
-                payload,
-                offset,
-                tags,
-            ),
-            RECORD_FORMAT_FIXED => self.decode_format::<RECORD_FORMAT_FIXED>(
-                persistence_id,
-                sequence_nr,
+                version,
                 body,
                 payload,
                 offset,
@@ -599,19 +582,22 @@ impl EventDecoder {
         }
     }
 
-    /// Decodes the body of a record of format `FORMAT`: see [`EventDecoder::decode_body`].
+    /// Decodes the body, of layout `BODY`, of a record of format `version`: see
+    /// [`EventDecoder::decode_body`].
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn decode_format<const FORMAT: u8>(
+    fn decode_layout<const BODY: u8>(
         &mut self,
         persistence_id: &SmolStr,
         sequence_nr: u64,
+        version: u8,
         body: &[u8],
         payload: impl FnOnce(&mut Self, &[u8]) -> Bytes,
         offset: &mut u64,
         mut tags: Option<&mut Vec<String>>,
     ) -> Result<PersistentRepr, JournalError> {
-        let corrupt = |detail| undecodable(persistence_id, sequence_nr, FORMAT, detail);
-        let mut fields = parse_body::<FORMAT>(body);
+        let corrupt = |detail| undecodable(persistence_id, sequence_nr, version, detail);
+        let mut fields = parse_body::<BODY>(body);
         let Header {
             offset: tag_offset,
             timestamp_ms,
@@ -624,7 +610,7 @@ impl EventDecoder {
             tags.reserve_exact(tag_count);
         }
         for _ in 0..tag_count {
-            let tag = fields.tag::<FORMAT>();
+            let tag = fields.tag::<BODY>();
             if let Some(tags) = &mut tags {
                 match std::str::from_utf8(tag) {
                     Ok(tag) => tags.push(tag.to_string()),
@@ -667,15 +653,16 @@ fn undecodable(persistence_id: &str, sequence_nr: u64, version: u8, detail: &str
     }
 }
 
-/// Checks the format version and checksum of the sealed value stored under `key`.
-pub(crate) fn verify_event(
+/// Checks the format version and checksum of the sealed value of (`persistence_id`,
+/// `sequence_nr`) stored under `key`, and returns its version and body.
+#[inline(always)]
+fn unseal_event<'v>(
     persistence_id: &str,
     sequence_nr: u64,
     key: &[u8],
-    value: &[u8],
-) -> Result<(), JournalError> {
-    storage::unseal(RECORD_FORMAT_VERSION, key, value)
-        .map(|_| ())
+    value: &'v [u8],
+) -> Result<(u8, &'v [u8]), JournalError> {
+    storage::unseal(EVENT_RECORDS, key, value)
         .map_err(|e| unseal_error(persistence_id, sequence_nr, e))
 }
 
@@ -718,17 +705,9 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a == b
 }
 
-#[cold]
-fn shorter_than_header(persistence_id: &str, sequence_nr: u64) -> JournalError {
-    JournalError::Corrupt {
-        persistence_id: persistence_id.to_string(),
-        sequence_nr,
-        detail: "record shorter than its header".to_string(),
-    }
-}
-
 /// The journal error of a record of (`persistence_id`, `sequence_nr`) that cannot be unsealed.
-pub(crate) fn unseal_error(persistence_id: &str, sequence_nr: u64, e: UnsealError) -> JournalError {
+#[cold]
+fn unseal_error(persistence_id: &str, sequence_nr: u64, e: UnsealError) -> JournalError {
     match e {
         UnsealError::NewerVersion { found, supported } => JournalError::NewerRecordVersion {
             persistence_id: persistence_id.to_string(),
@@ -748,6 +727,24 @@ pub(crate) fn unseal_error(persistence_id: &str, sequence_nr: u64, e: UnsealErro
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `body` sealed under `b"key"` as a record of format `version`. The formats before 3
+    /// get keyed BLAKE3, built here by hand as the releases that wrote them did: keyed by the
+    /// record key's length byte and bytes, zero-padded to 32 bytes.
+    fn sealed(version: u8, body: &[u8]) -> Vec<u8> {
+        if version >= RECORD_FORMAT_VERSION {
+            return storage::seal(RecordFormat::new(version, version), b"key", body);
+        }
+        let mut blake3_key = [0u8; 32];
+        blake3_key[..4].copy_from_slice(b"\x03key");
+        let versioned_body = [&[version][..], body].concat();
+        let checksum = blake3::keyed_hash(&blake3_key, &versioned_body);
+        [
+            &checksum.as_bytes()[..storage::CHECKSUM_LEN],
+            &versioned_body,
+        ]
+        .concat()
+    }
 
     fn event(payload: Vec<u8>, tags: Vec<String>) -> NewEvent {
         NewEvent {
@@ -841,27 +838,27 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_bodies_of_either_format_never_panic_the_decoder(
-            version in 0u8..4,
+        fn arbitrary_bodies_of_any_format_never_panic_the_decoder(
+            version in 0u8..5,
             body in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
-            let value = storage::seal(version, b"key", &body);
+            let value = sealed(version, &body);
             let _ = EventDecoder::new().decode(&"pid".into(), 1, b"key", &value);
         }
 
         #[test]
         fn arbitrary_bodies_replay_alike_with_shared_or_copied_payloads(
-            version in 0u8..4,
+            version in 0u8..5,
             body in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
-            let value = storage::seal(version, b"key", &body);
+            let value = sealed(version, &body);
             let values = Bytes::from(value.clone());
             let pid = SmolStr::new("pid");
             let shared = EventDecoder::new()
-                .decode_shared(&pid, 1, &values, 0..values.len())
+                .decode_shared(&pid, 1, b"key", &values, 0..values.len())
                 .map_err(|e| e.to_string());
             let copied = EventDecoder::new()
-                .decode_copied(&pid, 1, &value)
+                .decode_copied(&pid, 1, b"key", &value)
                 .map_err(|e| e.to_string());
             prop_assert_eq!(shared, copied);
         }
@@ -908,28 +905,53 @@ mod tests {
     }
 
     #[test]
-    fn a_release_of_the_first_record_format_refuses_the_second_as_newer() {
+    fn a_release_of_an_earlier_record_format_refuses_the_current_one_as_newer() {
         let value = encode_event(b"key", "w", 0, &event(vec![1], vec![]));
+        assert_eq!(value[storage::CHECKSUM_LEN], RECORD_FORMAT_VERSION);
+        // The version is looked at before the checksum, whichever that release verified.
+        let earlier = RecordFormat::new(RECORD_FORMAT_VARINT_BLAKE3, RECORD_FORMAT_VARINT_BLAKE3);
         assert_eq!(
-            storage::unseal(RECORD_FORMAT_FIXED, b"key", &value),
+            storage::unseal(earlier, b"key", &value),
             Err(UnsealError::NewerVersion {
                 found: RECORD_FORMAT_VERSION,
-                supported: RECORD_FORMAT_FIXED,
+                supported: RECORD_FORMAT_VARINT_BLAKE3,
             })
         );
     }
 
     #[test]
-    fn a_hundred_byte_event_with_short_names_hashes_in_two_blocks() {
-        // The replay bench's shape, 143 hashed bytes in format 1 (blake3 blocks are 64 bytes;
-        // the checksum covers the version byte and the body).
-        let e = event(vec![0; 100], vec![]);
-        let e = NewEvent {
-            manifest: Manifest::new("bench.Event", 1),
-            ..e
-        };
-        let value = encode_event(b"key", "bench", 0, &e);
-        let hashed = value.len() - storage::CHECKSUM_LEN;
-        assert!(hashed <= 128, "{hashed} hashed bytes");
+    fn a_format_2_record_written_by_the_release_before_xxh3_reads_back() {
+        // An event record as the last release of format 2 encoded and sealed it (keyed
+        // BLAKE3), under the key of log 1's first event.
+        let value: Vec<u8> = (0..FORMAT_2_RECORD.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&FORMAT_2_RECORD[i..i + 2], 16).unwrap())
+            .collect();
+        let key = crate::event_key(1, 1);
+        let decoded = EventDecoder::new()
+            .decode(&"pid".into(), 1, &key, &value)
+            .unwrap();
+        assert_eq!(decoded.offset, 7);
+        assert_eq!(decoded.tags, vec!["red".to_string()]);
+        assert_eq!(decoded.repr.timestamp_ms, 1_790_000_000_000);
+        assert_eq!(&*decoded.repr.writer_id, "writer-1");
+        assert_eq!(decoded.repr.manifest, Manifest::new("account.Deposited", 2));
+        assert_eq!(&decoded.repr.payload[..], b"deposit 100");
+        // Its checksum is still checked.
+        let mut altered = value.clone();
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        assert!(matches!(
+            EventDecoder::new().decode(&"pid".into(), 1, &key, &altered),
+            Err(JournalError::Corrupt { detail, .. }) if detail.contains("checksum")
+        ));
+        assert!(matches!(
+            EventDecoder::new().decode(&"pid".into(), 2, &crate::event_key(1, 2), &value),
+            Err(JournalError::Corrupt { detail, .. }) if detail.contains("checksum")
+        ));
     }
+
+    /// See `a_format_2_record_written_by_the_release_before_xxh3_reads_back`.
+    const FORMAT_2_RECORD: &str = "7a227e67fe1750ed95a18fe87043b23302010780d8c1a28c3402087772\
+        697465722d31116163636f756e742e4465706f7369746564037265646465706f73697420313030";
 }

@@ -11,6 +11,20 @@ use tessera_journal::{
     RECORD_FORMAT_VERSION, RocksJournal, STORE_FORMAT_VERSION, event_key, rocksdb_options, storage,
 };
 
+/// `body` stored under `key` sealed as a record of format `version` with keyed BLAKE3, built
+/// by hand as the releases before record format 3 sealed it: the first 16 bytes of BLAKE3's
+/// keyed hash of `version || body`, keyed by the record key's length byte and bytes
+/// zero-padded to 32 bytes (event keys are 16 bytes), then the version and the body.
+fn sealed_with_blake3(version: u8, key: &[u8], body: &[u8]) -> Vec<u8> {
+    assert!(key.len() < 32, "longer keys were hashed");
+    let mut blake3_key = [0u8; 32];
+    blake3_key[0] = key.len() as u8;
+    blake3_key[1..=key.len()].copy_from_slice(key);
+    let versioned_body = [&[version][..], body].concat();
+    let checksum = blake3::keyed_hash(&blake3_key, &versioned_body);
+    [&checksum.as_bytes()[..16], &versioned_body].concat()
+}
+
 /// The sealed value of `event` with `tags` (stored under `key`, at `offset` in the tag order)
 /// in record format 1, laid out by hand as the releases before format 2 wrote it.
 fn format_1_record(key: &[u8], offset: u64, event: &PersistentRepr, tags: &[String]) -> Vec<u8> {
@@ -29,7 +43,44 @@ fn format_1_record(key: &[u8], offset: u64, event: &PersistentRepr, tags: &[Stri
         body.extend_from_slice(tag.as_bytes());
     }
     body.extend_from_slice(&event.payload);
-    storage::seal(1, key, &body)
+    sealed_with_blake3(1, key, &body)
+}
+
+/// The sealed value of `event` with `tags` (stored under `key`, at `offset` in the tag order)
+/// in record format 2, laid out by hand as the releases before format 3 wrote it: the body of
+/// format 3 (LEB128 varints, the offset only if tagged), with keyed BLAKE3.
+fn format_2_record(key: &[u8], offset: u64, event: &PersistentRepr, tags: &[String]) -> Vec<u8> {
+    fn varint(out: &mut Vec<u8>, mut value: u64) {
+        while value >= 0x80 {
+            out.push(value as u8 | 0x80);
+            value >>= 7;
+        }
+        out.push(value as u8);
+    }
+    fn name(out: &mut Vec<u8>, name: &str) {
+        varint(out, name.len() as u64);
+        out.extend_from_slice(name.as_bytes());
+    }
+    let mut body = Vec::new();
+    varint(&mut body, tags.len() as u64);
+    if !tags.is_empty() {
+        varint(&mut body, offset);
+    }
+    varint(&mut body, event.timestamp_ms);
+    varint(&mut body, u64::from(event.manifest.version));
+    name(&mut body, &event.writer_id);
+    name(&mut body, &event.manifest.type_name);
+    for tag in tags {
+        name(&mut body, tag);
+    }
+    body.extend_from_slice(&event.payload);
+    sealed_with_blake3(2, key, &body)
+}
+
+/// The record format that seals records as `version`, with xxh3 as this release does (for
+/// its own version, or to play a newer release).
+fn written_as(version: u8) -> storage::RecordFormat {
+    storage::RecordFormat::new(version, version)
 }
 
 fn seqs(events: &[tessera_journal::PersistentRepr]) -> Vec<u64> {
@@ -696,7 +747,7 @@ async fn log_with_sealed_body_at_700(dir: &std::path::Path, persistence_id: &str
     db.put_cf(
         db.cf_handle("events").unwrap(),
         key,
-        storage::seal(RECORD_FORMAT_VERSION, &key, body),
+        storage::seal(written_as(RECORD_FORMAT_VERSION), &key, body),
     )
     .unwrap();
 }
@@ -707,7 +758,6 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
     let journal = open(dir.path()).await;
     journal.append(write("alice", 1, 50)).await.unwrap();
     journal.close().await;
-    // Event 37 sits in the third group of records whose checksums are checked together.
     alter_event(&config(dir.path()).path, 37);
 
     for inline_read_events in [0, 1, 7, 128] {
@@ -740,8 +790,7 @@ async fn replays_read_inline_or_on_the_blocking_pool_agree_up_to_an_altered_reco
                 .await
                 .unwrap();
             assert_eq!(seqs(&after), (38..=50).collect::<Vec<_>>(), "{case}");
-            // From the start, event 37 is lane 4 of the third group checked together: the
-            // events of the groups before it still come first.
+            // From the start: every event before it still comes first.
             let (ok, error) = replay_until_error(&journal, "alice", 1).await;
             assert_eq!(ok, (1..=36).collect::<Vec<_>>(), "{case}");
             assert!(
@@ -928,8 +977,10 @@ async fn a_record_altered_in_place_is_reported_with_its_id_and_sequence_nr() {
     let journal = open(dir.path()).await;
     let (ok, error) = replay_until_error(&journal, "alice", 1).await;
     assert_eq!(ok, vec![1, 2]);
+    // Caught by the record's checksum: the altered payload would decode.
     assert!(
-        matches!(&error, JournalError::Corrupt { persistence_id, sequence_nr: 3, .. } if persistence_id == "alice"),
+        matches!(&error, JournalError::Corrupt { persistence_id, sequence_nr: 3, detail }
+            if persistence_id == "alice" && detail.contains("checksum")),
         "{error:?}"
     );
     assert!(error.to_string().contains("alice#3"), "{error}");
@@ -945,6 +996,38 @@ async fn a_record_altered_in_place_is_reported_with_its_id_and_sequence_nr() {
         .unwrap();
     assert_ne!(stored, original);
     assert_eq!(stored.len(), original.len());
+}
+
+#[tokio::test]
+async fn a_record_moved_under_another_key_is_reported_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    journal.append(write("alice", 1, 5)).await.unwrap();
+    journal.append(write("bob", 1, 5)).await.unwrap();
+    journal.close().await;
+    let path = config(dir.path()).path;
+    {
+        // alice (log 1) gets her own event 4 as event 3, bob (log 2) alice's event 2 as his
+        // event 2: intact records, each of which would decode, under keys not theirs.
+        let db = open_raw(&path);
+        let events = db.cf_handle("events").unwrap();
+        let alice_4 = db.get_cf(events, event_key(1, 4)).unwrap().unwrap();
+        let alice_2 = db.get_cf(events, event_key(1, 2)).unwrap().unwrap();
+        db.put_cf(events, event_key(1, 3), alice_4).unwrap();
+        db.put_cf(events, event_key(2, 2), alice_2).unwrap();
+    }
+    let journal = open(dir.path()).await;
+    for (pid, moved_to) in [("alice", 3), ("bob", 2)] {
+        let (ok, error) = replay_until_error(&journal, pid, 1).await;
+        assert_eq!(ok, (1..moved_to).collect::<Vec<_>>(), "{pid}");
+        assert!(
+            matches!(&error, JournalError::Corrupt { persistence_id, sequence_nr, detail }
+                if persistence_id == pid && *sequence_nr == moved_to
+                    && detail.contains("checksum")),
+            "{pid}: {error:?}"
+        );
+    }
+    journal.close().await;
 }
 
 #[tokio::test]
@@ -994,7 +1077,7 @@ async fn a_record_of_a_newer_format_is_refused_by_name() {
         db.put_cf(
             db.cf_handle("events").unwrap(),
             key,
-            storage::seal(9, &key, b"from the future"),
+            storage::seal(written_as(9), &key, b"from the future"),
         )
         .unwrap();
     }
@@ -1017,15 +1100,25 @@ async fn a_record_of_a_newer_format_is_refused_by_name() {
     journal.close().await;
 }
 
-#[tokio::test]
-async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_tag_entries() {
+/// Makes a record of an earlier format from an event (stored under `key`, at `offset` in the
+/// tag order, with `tags`).
+type EarlierRecord = fn(&[u8], u64, &PersistentRepr, &[String]) -> Vec<u8>;
+
+/// Writes 40 events of one log (some tagged), rewrites events 1..=30 with `earlier_record`
+/// in a store marked with `store_format`, and checks that replays and queries by tag return
+/// what was written, that the store is marked with this release's format once opened, and
+/// that a physical delete finds the rewritten records' tag entries.
+async fn records_of_an_earlier_format_are_read_beside_newer_ones(
+    earlier_record: EarlierRecord,
+    store_format: u32,
+) {
     let dir = tempfile::tempdir().unwrap();
-    // Chunks of up to 128 records: several groups of checksums per chunk.
+    // Chunks of up to 128 records (the first read inline), holding records of both formats.
     let mut wide = config(dir.path());
     wide.read_chunk_events = 1024;
     let journal = RocksJournal::open(wide.clone()).await.unwrap();
     // Events 1..=20 are large, so that a chunk holding them has its payloads copied out
-    // (`decode_checked`); a chunk of the small ones shares its buffer (`decode_shared`).
+    // (`decode_copied`); a chunk of the small ones shares its buffer (`decode_shared`).
     // Every third event is untagged.
     let events = (1..=40u64)
         .map(|seq| {
@@ -1055,10 +1148,16 @@ async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_t
         .await
         .unwrap();
     journal.close().await;
-    // Events 1..=30 rewritten as format 1, each with its offset in the tag order (none for
-    // an untagged one).
+    // Events 1..=30 rewritten in the earlier format, each with its offset in the tag order
+    // (none for an untagged one), in a store marked as the release that wrote them marked it.
     {
         let db = open_raw(&wide.path);
+        db.put_cf(
+            db.cf_handle("meta").unwrap(),
+            storage::FORMAT_VERSION_KEY,
+            store_format.to_be_bytes(),
+        )
+        .unwrap();
         let events = db.cf_handle("events").unwrap();
         for event in &written[..30] {
             // Every tagged event has both tags, so the query by one finds all of them.
@@ -1067,7 +1166,7 @@ async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_t
                 .find(|e| e.event.sequence_nr == event.sequence_nr)
                 .map_or((0, Vec::new()), |e| (e.offset, e.tags.clone()));
             let key = event_key(1, event.sequence_nr);
-            db.put_cf(events, key, format_1_record(&key, offset, event, &tags))
+            db.put_cf(events, key, earlier_record(&key, offset, event, &tags))
                 .unwrap();
         }
     }
@@ -1085,9 +1184,14 @@ async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_t
         .await
         .unwrap();
     assert_eq!(green_again, green);
-    // A physical delete finds the tag entries of format-1 records through their offsets.
+    // A physical delete finds the tag entries of the earlier records through their offsets.
     journal.delete_to("d", 35).await.unwrap();
     journal.close().await;
+    assert_eq!(
+        format_and_legacy_states(&wide.path),
+        (STORE_FORMAT_VERSION, 0),
+        "marked with this release's format, which the release of format {store_format} refuses"
+    );
     {
         let db = open_raw(&wide.path);
         let count = |cf: &str| {
@@ -1097,6 +1201,18 @@ async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_t
         assert_eq!(count("events"), 5);
         assert_eq!(count("tag_index"), 6, "two tags of events 37, 38 and 40");
     }
+}
+
+#[tokio::test]
+async fn records_of_format_1_are_read_beside_newer_ones_and_deleted_with_their_tag_entries() {
+    // Store format 2 was the last to hold only records of format 1.
+    records_of_an_earlier_format_are_read_beside_newer_ones(format_1_record, 2).await;
+}
+
+#[tokio::test]
+async fn records_of_format_2_are_read_beside_format_3_and_deleted_with_their_tag_entries() {
+    // Store format 3 was the last to hold no record of format 3.
+    records_of_an_earlier_format_are_read_beside_newer_ones(format_2_record, 3).await;
 }
 
 #[tokio::test]

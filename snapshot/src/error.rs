@@ -1,6 +1,6 @@
 //! The snapshot store's typed errors.
 
-use tessera_journal::storage::StoreFormatError;
+use tessera_storage::{StoreFormatError, name_excerpt, name_problem};
 
 /// What can go wrong with a snapshot operation.
 #[derive(Debug, thiserror::Error)]
@@ -48,10 +48,10 @@ impl From<rocksdb::Error> for SnapshotError {
 }
 
 pub(crate) fn validate_persistence_id(value: &str) -> Result<(), SnapshotError> {
-    match tessera_journal::name_problem(value) {
+    match name_problem(value) {
         None => Ok(()),
         Some(reason) => Err(SnapshotError::InvalidPersistenceId {
-            value: tessera_journal::name_excerpt(value),
+            value: name_excerpt(value),
             reason,
         }),
     }

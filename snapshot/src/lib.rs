@@ -12,4 +12,4 @@ mod store;
 pub use error::SnapshotError;
 pub use rocks::{RocksSnapshotStore, STORE_FORMAT_VERSION, SnapshotConfig};
 pub use store::{Snapshot, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore};
-pub use tessera_journal::{FsyncPolicy, Manifest};
+pub use tessera_storage::{FsyncPolicy, Manifest, StoreFormatError};

@@ -16,13 +16,23 @@ use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
-use tessera_journal::storage::{self, FORMAT_VERSION_KEY, UnsealError};
-use tessera_journal::{FsyncPolicy, Manifest};
+use tessera_storage::{
+    self as storage, FORMAT_VERSION_KEY, FsyncPolicy, Manifest, RecordFormat, UnsealError,
+};
 
-/// The store format version this release writes; stores with a higher one are refused.
-pub const STORE_FORMAT_VERSION: u32 = 1;
-/// The snapshot record format version this release writes and reads.
-const RECORD_FORMAT_VERSION: u8 = 1;
+/// The store format version this release writes; stores with a higher one are refused, and
+/// older ones are read and marked with this one when opened:
+///
+/// - 1: snapshot records of format 1;
+/// - 2: records of format 2 too. A release of store format 1 would fail on each such
+///   snapshot when an entity loads it; the store is marked 2 so that such a release refuses
+///   it at open instead.
+pub const STORE_FORMAT_VERSION: u32 = 2;
+
+/// The snapshot record format this release writes; it reads this one and every earlier one.
+/// The body is postcard of [`StoredSnapshot`] in both; format 1 is sealed with keyed BLAKE3,
+/// format 2 with xxh3 (see [`RecordFormat`]).
+const SNAPSHOT_RECORDS: RecordFormat = RecordFormat::new(2, 2);
 
 const CF_SNAPSHOTS: &str = "snapshots";
 const CF_META: &str = "meta";
@@ -61,7 +71,7 @@ fn snapshot_key(persistence_id: &str, sequence_nr: u64) -> Vec<u8> {
 }
 
 /// Keys of one log's snapshots start with this; persistence ids are at most
-/// [`tessera_journal::MAX_NAME_BYTES`] long, so the length fits a u16.
+/// [`tessera_storage::MAX_NAME_BYTES`] long, so the length fits a u16.
 fn log_prefix(persistence_id: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(2 + persistence_id.len() + 8);
     key.extend_from_slice(&(persistence_id.len() as u16).to_be_bytes());
@@ -98,18 +108,15 @@ impl Inner {
             sequence_nr,
             detail,
         };
-        let (_, body) =
-            storage::unseal(RECORD_FORMAT_VERSION, key, value).map_err(|e| match e {
-                UnsealError::NewerVersion { found, supported } => {
-                    SnapshotError::NewerRecordVersion {
-                        persistence_id: persistence_id.to_string(),
-                        sequence_nr,
-                        found,
-                        supported,
-                    }
-                }
-                other => corrupt(other.to_string()),
-            })?;
+        let (_, body) = storage::unseal(SNAPSHOT_RECORDS, key, value).map_err(|e| match e {
+            UnsealError::NewerVersion { found, supported } => SnapshotError::NewerRecordVersion {
+                persistence_id: persistence_id.to_string(),
+                sequence_nr,
+                found,
+                supported,
+            },
+            other => corrupt(other.to_string()),
+        })?;
         let stored: StoredSnapshot<'_> =
             postcard::from_bytes(body).map_err(|e| corrupt(format!("undecodable body: {e}")))?;
         Ok(Snapshot {
@@ -138,7 +145,7 @@ impl Inner {
         };
         let body = postcard::to_allocvec(&stored)
             .map_err(|e| SnapshotError::Storage(format!("cannot encode snapshot: {e}")))?;
-        let value = storage::seal(RECORD_FORMAT_VERSION, &key, &body);
+        let value = storage::seal(SNAPSHOT_RECORDS, &key, &body);
         self.db
             .put_cf_opt(self.snapshots()?, key, value, &self.write_options)?;
         Ok(())
@@ -263,7 +270,9 @@ impl RocksSnapshotStore {
         let db = DB::open_cf_descriptors(&options, &config.path, cfs)?;
         let mut write_options = WriteOptions::default();
         write_options.set_sync(config.fsync == FsyncPolicy::Always);
-        if existing.is_none() {
+        // An older store is marked with this release's format before anything is written to
+        // it, so that the releases that wrote it refuse it from then on.
+        if existing != Some(STORE_FORMAT_VERSION) {
             let meta = db
                 .cf_handle(CF_META)
                 .ok_or_else(|| SnapshotError::Storage("column family meta missing".into()))?;

@@ -3,7 +3,7 @@
 use crate::error::SnapshotError;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use tessera_journal::Manifest;
+use tessera_storage::Manifest;
 
 /// Which snapshot of a log a snapshot was taken at.
 #[derive(Debug, Clone, PartialEq, Eq)]

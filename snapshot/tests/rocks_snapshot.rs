@@ -4,11 +4,11 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use tessera_journal::storage;
 use tessera_snapshot::{
-    FsyncPolicy, Manifest, RocksSnapshotStore, SnapshotConfig, SnapshotError, SnapshotMetadata,
-    SnapshotSelectionCriteria as Criteria, SnapshotStore,
+    FsyncPolicy, Manifest, RocksSnapshotStore, STORE_FORMAT_VERSION, Snapshot, SnapshotConfig,
+    SnapshotError, SnapshotMetadata, SnapshotSelectionCriteria as Criteria, SnapshotStore,
 };
+use tessera_storage as storage;
 
 fn config(dir: &Path) -> SnapshotConfig {
     SnapshotConfig {
@@ -19,6 +19,54 @@ fn config(dir: &Path) -> SnapshotConfig {
 
 async fn open(dir: &Path) -> RocksSnapshotStore {
     RocksSnapshotStore::open(config(dir)).await.unwrap()
+}
+
+/// The database of a closed store at `path`, opened with RocksDB to alter or inspect it.
+fn open_raw(path: &Path) -> rocksdb::DB {
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
+    rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap()
+}
+
+/// The key of a snapshot: `len(persistence id) (u16 BE) ++ persistence id ++ sequence_nr
+/// (u64 BE)`.
+fn snapshot_key(persistence_id: &str, sequence_nr: u64) -> Vec<u8> {
+    let mut key = (persistence_id.len() as u16).to_be_bytes().to_vec();
+    key.extend_from_slice(persistence_id.as_bytes());
+    key.extend_from_slice(&sequence_nr.to_be_bytes());
+    key
+}
+
+/// A snapshot stored under `key` as the releases before record format 2 stored it, built by
+/// hand: `[checksum: 16][1][postcard body]`, the checksum being the first 16 bytes of
+/// BLAKE3's keyed hash of `1 || body`, keyed by the record key's length byte and bytes
+/// zero-padded to 32 bytes (for keys under 32 bytes).
+fn format_1_snapshot(
+    key: &[u8],
+    timestamp_ms: u64,
+    manifest: &Manifest,
+    payload: &[u8],
+) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct StoredSnapshot<'a> {
+        timestamp_ms: u64,
+        manifest_type: &'a str,
+        manifest_version: u32,
+        payload: &'a [u8],
+    }
+    let body = postcard::to_allocvec(&StoredSnapshot {
+        timestamp_ms,
+        manifest_type: &manifest.type_name,
+        manifest_version: manifest.version,
+        payload,
+    })
+    .unwrap();
+    assert!(key.len() < 32, "longer keys were hashed");
+    let mut blake3_key = [0u8; 32];
+    blake3_key[0] = key.len() as u8;
+    blake3_key[1..=key.len()].copy_from_slice(key);
+    let versioned_body = [&[1u8][..], &body].concat();
+    let checksum = blake3::keyed_hash(&blake3_key, &versioned_body);
+    [&checksum.as_bytes()[..16], &versioned_body].concat()
 }
 
 fn meta(pid: &str, sequence_nr: u64, timestamp_ms: u64) -> SnapshotMetadata {
@@ -122,8 +170,7 @@ async fn an_altered_snapshot_is_reported_with_its_id_and_sequence_nr() {
     drop(store);
     let path = config(dir.path()).path;
     {
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let db = open_raw(&path);
         let cf = db.cf_handle("snapshots").unwrap();
         let (key, value) = db
             .iterator_cf(cf, rocksdb::IteratorMode::Start)
@@ -137,11 +184,105 @@ async fn an_altered_snapshot_is_reported_with_its_id_and_sequence_nr() {
     }
     let store = open(dir.path()).await;
     let error = store.load("alice", Criteria::latest()).await.unwrap_err();
+    // Caught by the checksum: the altered payload byte would decode.
     assert!(
-        matches!(&error, SnapshotError::Corrupt { persistence_id, sequence_nr: 7, .. } if persistence_id == "alice"),
+        matches!(&error, SnapshotError::Corrupt { persistence_id, sequence_nr: 7, detail }
+            if persistence_id == "alice" && detail.contains("checksum")),
         "{error:?}"
     );
     assert!(error.to_string().contains("alice#7"), "{error}");
+}
+
+#[tokio::test]
+async fn a_snapshot_moved_under_another_key_is_reported_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    save(&store, "alice", 7, 1).await;
+    save(&store, "alice", 8, 2).await;
+    save(&store, "bob", 7, 1).await;
+    drop(store);
+    let path = config(dir.path()).path;
+    {
+        // alice's snapshot at 8 as her snapshot at 7, and as bob's: intact records, which
+        // would decode, under keys not theirs.
+        let db = open_raw(&path);
+        let cf = db.cf_handle("snapshots").unwrap();
+        let alice_8 = db.get_cf(cf, snapshot_key("alice", 8)).unwrap().unwrap();
+        db.put_cf(cf, snapshot_key("alice", 7), &alice_8).unwrap();
+        db.put_cf(cf, snapshot_key("bob", 7), &alice_8).unwrap();
+    }
+    let store = open(dir.path()).await;
+    for pid in ["alice", "bob"] {
+        let error = store.load(pid, Criteria::up_to(7)).await.unwrap_err();
+        assert!(
+            matches!(&error, SnapshotError::Corrupt { persistence_id, sequence_nr: 7, detail }
+                if persistence_id == pid && detail.contains("checksum")),
+            "{pid}: {error:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_snapshot_of_record_format_1_from_an_earlier_release_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path()).await);
+    let path = config(dir.path()).path;
+    let key = snapshot_key("old", 5);
+    {
+        // The store as a release of store format 1 left it, with one of its snapshots.
+        let db = open_raw(&path);
+        db.put_cf(
+            db.cf_handle("meta").unwrap(),
+            storage::FORMAT_VERSION_KEY,
+            1u32.to_be_bytes(),
+        )
+        .unwrap();
+        let manifest = Manifest::new("state", 3);
+        let value = format_1_snapshot(&key, 77, &manifest, b"old state");
+        db.put_cf(db.cf_handle("snapshots").unwrap(), &key, value)
+            .unwrap();
+    }
+    let store = open(dir.path()).await;
+    let expected = Snapshot {
+        metadata: meta("old", 5, 77),
+        manifest: Manifest::new("state", 3),
+        payload: Bytes::from_static(b"old state"),
+    };
+    assert_eq!(
+        store.load("old", Criteria::latest()).await.unwrap(),
+        Some(expected)
+    );
+    // Beside a snapshot of the current format, selected by its timestamp.
+    save(&store, "old", 6, 80).await;
+    let before_80 = Criteria {
+        max_timestamp_ms: 79,
+        ..Criteria::latest()
+    };
+    assert_eq!(loaded_seq(&store, "old", before_80).await, Some(5));
+    assert_eq!(loaded_seq(&store, "old", Criteria::latest()).await, Some(6));
+    drop(store);
+    // Marked with this release's format, which the release of format 1 refuses.
+    let db = open_raw(&path);
+    let marker = db
+        .get_cf(db.cf_handle("meta").unwrap(), storage::FORMAT_VERSION_KEY)
+        .unwrap();
+    assert_eq!(marker, Some(STORE_FORMAT_VERSION.to_be_bytes().to_vec()));
+    // Its checksum is still checked.
+    let mut altered = db
+        .get_cf(db.cf_handle("snapshots").unwrap(), &key)
+        .unwrap()
+        .unwrap();
+    let last = altered.len() - 1;
+    altered[last] ^= 1;
+    db.put_cf(db.cf_handle("snapshots").unwrap(), &key, altered)
+        .unwrap();
+    drop(db);
+    let store = open(dir.path()).await;
+    let error = store.load("old", Criteria::up_to(5)).await.unwrap_err();
+    assert!(
+        matches!(&error, SnapshotError::Corrupt { detail, .. } if detail.contains("checksum")),
+        "{error:?}"
+    );
 }
 
 #[tokio::test]
@@ -150,8 +291,7 @@ async fn a_store_of_a_newer_format_is_refused() {
     drop(open(dir.path()).await);
     let path = config(dir.path()).path;
     {
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &cfs).unwrap();
+        let db = open_raw(&path);
         db.put_cf(
             db.cf_handle("meta").unwrap(),
             storage::FORMAT_VERSION_KEY,
@@ -176,7 +316,7 @@ async fn a_store_of_a_newer_format_is_refused() {
 async fn invalid_persistence_ids_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path()).await;
-    let long = "x".repeat(tessera_journal::MAX_NAME_BYTES + 1);
+    let long = "x".repeat(tessera_storage::MAX_NAME_BYTES + 1);
     for pid in ["", long.as_str()] {
         assert!(matches!(
             store.load(pid, Criteria::latest()).await,

@@ -9,16 +9,16 @@ mod tests;
 mod writer;
 
 use crate::config::JournalConfig;
-use crate::error::{JournalError, MAX_NAME_BYTES, MAX_TAGS_PER_EVENT, name_excerpt, validate_name};
+use crate::error::{JournalError, MAX_TAGS_PER_EVENT, validate_name};
 use crate::journal::{Journal, JournalStream, QueryMode};
 use crate::record::{AtomicWrite, EventEnvelope, PersistentRepr};
-use crate::storage::{self, FORMAT_VERSION_KEY};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use keys::{CF_EVENTS, CF_META, CF_TAG_INDEX};
 use rocksdb::{BlockBasedOptions, ColumnFamilyDescriptor, DB, Options, SliceTransform};
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
+use tessera_storage::{self as storage, FORMAT_VERSION_KEY, MAX_NAME_BYTES, name_excerpt};
 use tokio::sync::{oneshot, watch};
 
 /// The key of event `sequence_nr` of log number `pid_num` in the `events` column family.
@@ -36,7 +36,10 @@ pub fn event_key(pid_num: u64, sequence_nr: u64) -> [u8; 16] {
 /// - 3: events also in record format 2. A release of store format 2 would report these
 ///   records as newer when reading, but its physical deletion would drop them without their
 ///   tag entries; the store is marked 3 so that such a release refuses it instead.
-pub const STORE_FORMAT_VERSION: u32 = 3;
+/// - 4: events also in record format 3 (xxh3 checksums). For the same reason: a release of
+///   store format 3 would report them as newer when replaying, and delete them without their
+///   tag entries; marked 4, the store is refused by it at open.
+pub const STORE_FORMAT_VERSION: u32 = 4;
 
 /// What the writer, the readers and the handle share.
 pub(crate) struct Shared {

@@ -4,10 +4,9 @@
 //! [`stream`] turns a cursor into a stream. It reads a small first chunk in the consumer's
 //! task, and every later chunk on tokio's blocking pool while the consumer works through the
 //! current one, so a long replay keeps RocksDB and the consumer busy at the same time; live
-//! streams wait on the writer's commit counter when caught up. Checksums are verified on the
-//! consumer's side, several records side by side ([`storage::check_sealed_many`]), and each
-//! record is decoded only as the consumer takes it, so a chunk is never held decoded in full;
-//! payloads are slices of the buffer a chunk was read into.
+//! streams wait on the writer's commit counter when caught up. Each record is verified and
+//! decoded on the consumer's side only as the consumer takes it, so a chunk is never held
+//! decoded in full; payloads are slices of the buffer a chunk was read into.
 
 use super::Shared;
 use super::keys::{
@@ -16,11 +15,7 @@ use super::keys::{
 use super::recent::Recent;
 use crate::error::JournalError;
 use crate::journal::{JournalStream, QueryMode};
-use crate::record::{
-    EventDecoder, EventEnvelope, PAYLOAD_ARENA_BYTES, PersistentRepr, RECORD_FORMAT_VERSION,
-    unseal_error,
-};
-use crate::storage::{self, CHECK_GROUP};
+use crate::record::{EventDecoder, EventEnvelope, PAYLOAD_ARENA_BYTES, PersistentRepr};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use smol_str::SmolStr;
@@ -203,8 +198,8 @@ pub(crate) trait Cursor: Send + 'static {
     fn finished(&self) -> bool;
 }
 
-/// Event records of one log copied out of RocksDB, verified a group at a time and decoded one
-/// at a time as the stream hands them out.
+/// Event records of one log copied out of RocksDB, verified and decoded one at a time as the
+/// stream hands them out.
 pub(crate) struct RawEvents {
     pid_num: u64,
     /// The records' values, back to back.
@@ -216,10 +211,8 @@ pub(crate) struct RawEvents {
     records: Vec<(u64, usize)>,
     /// The next record to hand out.
     next: usize,
-    /// The records before this one passed their checksum check.
-    checked_to: usize,
-    /// Why the record at `checked_to` failed its check.
-    check_failure: Option<JournalError>,
+    /// Why the record before `next` could not be handed out; nothing after it is.
+    failure: Option<JournalError>,
 }
 
 impl RawEvents {
@@ -234,8 +227,7 @@ impl RawEvents {
             share_payloads,
             records,
             next: 0,
-            checked_to: 0,
-            check_failure: None,
+            failure: None,
         }
     }
 
@@ -249,34 +241,6 @@ impl RawEvents {
             Some(previous) => self.records[previous].1,
             None => 0,
         }
-    }
-
-    /// Verifies the checksums of the next group of records side by side, moving
-    /// `checked_to` past those that pass.
-    fn check_group(&mut self, persistence_id: &str) {
-        let first = self.next;
-        let group = &self.records[first..(first + CHECK_GROUP).min(self.records.len())];
-        let mut keys = [[0u8; 16]; CHECK_GROUP];
-        let mut ranges: [std::ops::Range<usize>; CHECK_GROUP] = Default::default();
-        let mut start = self.start_of(first);
-        for (i, &(sequence_nr, end)) in group.iter().enumerate() {
-            keys[i] = pair_key(self.pid_num, sequence_nr);
-            ranges[i] = start..end;
-            start = end;
-        }
-        let sealed: [(&[u8], &[u8]); CHECK_GROUP] = std::array::from_fn(|i| {
-            (
-                &keys[i][..],
-                self.values.get(ranges[i].clone()).unwrap_or_default(),
-            )
-        });
-        let (passed, failure) =
-            match storage::check_sealed_many(RECORD_FORMAT_VERSION, &sealed[..group.len()]) {
-                Ok(()) => (group.len(), None),
-                Err((i, e)) => (i, Some(unseal_error(persistence_id, group[i].0, e))),
-            };
-        self.checked_to = first + passed;
-        self.check_failure = failure;
     }
 }
 
@@ -339,43 +303,35 @@ impl Cursor for EventCursor {
     // stream hands it out from.
     #[inline(always)]
     fn next_item(decoder: &mut LogDecoder, raw: &mut RawEvents) -> Option<PersistentRepr> {
-        if raw.next == raw.checked_to {
-            if raw.check_failure.is_none() && raw.next < raw.records.len() {
-                // Checksums first, a group of records side by side, then decoding one by one.
-                raw.check_group(&decoder.persistence_id);
-            }
-            if raw.next == raw.checked_to {
-                return None;
-            }
-        }
         let index = raw.next;
+        let &(sequence_nr, end) = raw.records.get(index)?;
         raw.next += 1;
-        let (sequence_nr, end) = raw.records[index];
         let range = raw.start_of(index)..end;
+        let key = pair_key(raw.pid_num, sequence_nr);
         let persistence_id = &decoder.persistence_id;
         let decoded = if raw.share_payloads {
             decoder
                 .decoder
-                .decode_shared(persistence_id, sequence_nr, &raw.values, range)
+                .decode_shared(persistence_id, sequence_nr, &key, &raw.values, range)
         } else {
             let value = raw.values.get(range).unwrap_or_default();
             decoder
                 .decoder
-                .decode_copied(persistence_id, sequence_nr, value)
+                .decode_copied(persistence_id, sequence_nr, &key, value)
         };
         match decoded {
             Ok(event) => Some(event),
             Err(e) => {
-                // Nothing after an undecodable record is handed out.
-                raw.checked_to = raw.next;
-                raw.check_failure = Some(e);
+                // Nothing after a record that fails its check or decoding is handed out.
+                raw.next = raw.records.len();
+                raw.failure = Some(e);
                 None
             }
         }
     }
 
     fn failure(raw: &mut RawEvents) -> Option<JournalError> {
-        raw.check_failure.take()
+        raw.failure.take()
     }
 
     fn read_chunk(

@@ -20,7 +20,6 @@ use super::keys::{
 };
 use super::reader;
 use super::recent::Recent;
-use crate::config::FsyncPolicy;
 use crate::error::JournalError;
 use crate::record::{self, AtomicWrite};
 use rocksdb::{WriteBatch, WriteOptions};
@@ -28,6 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 use std::time::Instant;
+use tessera_storage::FsyncPolicy;
 use tokio::sync::{oneshot, watch};
 
 /// Logs and tags whose numbers and state the writer is sure to keep in memory, each, if used
