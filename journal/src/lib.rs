@@ -11,12 +11,14 @@
 //! open.
 
 mod config;
+mod entry;
 mod error;
 mod journal;
 mod record;
 mod rocks;
 
 pub use config::JournalConfig;
+pub use entry::StoredEvent;
 pub use error::{JournalError, MAX_TAGS_PER_EVENT};
 pub use journal::{Journal, JournalStream, QueryMode};
 pub use record::{AtomicWrite, EventEnvelope, NewEvent, PersistentRepr, RECORD_FORMAT_VERSION};

@@ -4,6 +4,7 @@
 use crate::error::JournalError;
 use bytes::{Bytes, BytesMut};
 use smol_str::SmolStr;
+use tessera_replication::Epoch;
 use tessera_storage::{self as storage, Manifest, RecordFormat, UnsealError};
 
 /// One event of an [`AtomicWrite`].
@@ -107,7 +108,14 @@ const _: () = assert!(std::mem::size_of::<PersistentRepr>() <= 128);
 ///
 /// Format 3 differs from format 2 in its checksum only: xxh3 rather than keyed BLAKE3 (see
 /// [`RecordFormat`]).
-pub const RECORD_FORMAT_VERSION: u8 = 3;
+///
+/// Format 4 puts the epoch of the writer that wrote the entry (a replicated log's) in front
+/// of format 3's body: `epoch_counter varint | epoch_writer u64 LE (only if the counter is
+/// not 0)`. Events written by this node alone carry epoch 0: one byte.
+pub const RECORD_FORMAT_VERSION: u8 = 4;
+
+/// The third record format, still read: format 4's body without the epoch, under xxh3.
+const RECORD_FORMAT_VARINT_XXH3: u8 = 3;
 
 /// The second record format, still read: the body of format 3 under a keyed BLAKE3 checksum.
 const RECORD_FORMAT_VARINT_BLAKE3: u8 = 2;
@@ -142,31 +150,90 @@ fn put_name(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(name.as_bytes());
 }
 
+/// The fields of an event as a record holds them.
+pub(crate) struct EventFields<'a> {
+    pub epoch: Epoch,
+    pub offset: u64,
+    pub timestamp_ms: u64,
+    pub writer_id: &'a str,
+    pub manifest: &'a str,
+    pub manifest_version: u32,
+    pub tags: &'a [String],
+    pub payload: &'a [u8],
+}
+
 /// Encodes the sealed value of one event stored under `key`, in the current record format.
 /// `offset` is the event's place in the tag order; it is kept only for a tagged event. Any
 /// length fits (the limits on names are checked where writes come in).
 pub(crate) fn encode_event(key: &[u8], writer_id: &str, offset: u64, event: &NewEvent) -> Vec<u8> {
-    let names: usize = writer_id.len()
-        + event.manifest.type_name.len()
+    encode_fields(
+        key,
+        &EventFields {
+            epoch: Epoch::ZERO,
+            offset,
+            timestamp_ms: event.timestamp_ms,
+            writer_id,
+            manifest: &event.manifest.type_name,
+            manifest_version: event.manifest.version,
+            tags: &event.tags,
+            payload: &event.payload,
+        },
+    )
+}
+
+/// Encodes the sealed value of a record with these fields, stored under `key`.
+pub(crate) fn encode_fields(key: &[u8], event: &EventFields<'_>) -> Vec<u8> {
+    let names: usize = event.writer_id.len()
+        + event.manifest.len()
         + event.tags.iter().map(|t| t.len() + 3).sum::<usize>();
     let mut value = Vec::with_capacity(
-        storage::SEAL_HEADER_LEN + 4 * MAX_VARINT_BYTES + 6 + names + event.payload.len(),
+        storage::SEAL_HEADER_LEN + 5 * MAX_VARINT_BYTES + 14 + names + event.payload.len(),
     );
     value.resize(storage::SEAL_HEADER_LEN, 0);
+    put_varint(&mut value, event.epoch.counter);
+    if event.epoch.counter != 0 {
+        value.extend_from_slice(&event.epoch.writer.to_le_bytes());
+    }
     put_varint(&mut value, event.tags.len() as u64);
     if !event.tags.is_empty() {
-        put_varint(&mut value, offset);
+        put_varint(&mut value, event.offset);
     }
     put_varint(&mut value, event.timestamp_ms);
-    put_varint(&mut value, u64::from(event.manifest.version));
-    put_name(&mut value, writer_id);
-    put_name(&mut value, &event.manifest.type_name);
-    for tag in &event.tags {
+    put_varint(&mut value, u64::from(event.manifest_version));
+    put_name(&mut value, event.writer_id);
+    put_name(&mut value, event.manifest);
+    for tag in event.tags {
         put_name(&mut value, tag);
     }
-    value.extend_from_slice(&event.payload);
+    value.extend_from_slice(event.payload);
     storage::seal_in_place(EVENT_RECORDS, key, &mut value);
     value
+}
+
+/// Splits format 4's epoch off the front of a body; `None` if it is cut off.
+#[inline(always)]
+fn split_epoch(body: &[u8]) -> Option<(Epoch, &[u8])> {
+    let mut reader = BodyReader::new(body);
+    let counter = reader.varint()?;
+    let writer = if counter == 0 { 0 } else { reader.u64()? };
+    Some((Epoch { counter, writer }, reader.rest))
+}
+
+/// The epoch of the verified record of (`persistence_id`, `sequence_nr`) stored under `key`:
+/// zero for records of formats before 4 (written before replication).
+pub(crate) fn epoch_of(
+    persistence_id: &str,
+    sequence_nr: u64,
+    key: &[u8],
+    value: &[u8],
+) -> Result<Epoch, JournalError> {
+    let (version, body) = unseal_event(persistence_id, sequence_nr, key, value)?;
+    if version < RECORD_FORMAT_VERSION {
+        return Ok(Epoch::ZERO);
+    }
+    split_epoch(body)
+        .map(|(epoch, _)| epoch)
+        .ok_or_else(|| undecodable(persistence_id, sequence_nr, version, "truncated epoch"))
 }
 
 /// Reads a record body front to back; every read is checked, a short body is an error.
@@ -416,9 +483,10 @@ fn parse_body<const BODY: u8>(body: &[u8]) -> BodyFields<'_> {
     BodyFields { header, reader }
 }
 
-/// A decoded event record with its place in the tag order and its tags.
+/// A decoded event record with its place in the tag order, its tags and its epoch.
 pub(crate) struct DecodedEvent {
     pub offset: u64,
+    pub epoch: Epoch,
     pub repr: PersistentRepr,
     pub tags: Vec<String>,
 }
@@ -458,16 +526,36 @@ impl EventDecoder {
         let (version, body) = unseal_event(persistence_id, sequence_nr, key, value)?;
         let mut offset = 0;
         let mut tags = Vec::new();
+        let mut epoch = Epoch::ZERO;
+        let body = if version >= RECORD_FORMAT_VERSION {
+            let Some((found, rest)) = split_epoch(body) else {
+                return Err(undecodable(
+                    persistence_id,
+                    sequence_nr,
+                    version,
+                    "truncated epoch",
+                ));
+            };
+            epoch = found;
+            rest
+        } else {
+            body
+        };
         let repr = self.decode_body(
             persistence_id,
             sequence_nr,
-            version,
+            version.min(RECORD_FORMAT_VARINT_XXH3),
             body,
             Self::copy_payload,
             &mut offset,
             Some(&mut tags),
         )?;
-        Ok(DecodedEvent { offset, repr, tags })
+        Ok(DecodedEvent {
+            offset,
+            epoch,
+            repr,
+            tags,
+        })
     }
 
     /// Verifies and decodes a replayed event's sealed value, stored under `key`, copying its
@@ -554,7 +642,25 @@ impl EventDecoder {
         tags: Option<&mut Vec<String>>,
     ) -> Result<PersistentRepr, JournalError> {
         match version {
-            RECORD_FORMAT_VERSION | RECORD_FORMAT_VARINT_BLAKE3 => self
+            // The epoch in front is not needed to replay an event.
+            RECORD_FORMAT_VERSION => match split_epoch(body) {
+                Some((_, rest)) => self.decode_layout::<VARINT_BODY>(
+                    persistence_id,
+                    sequence_nr,
+                    version,
+                    rest,
+                    payload,
+                    offset,
+                    tags,
+                ),
+                None => Err(undecodable(
+                    persistence_id,
+                    sequence_nr,
+                    version,
+                    "truncated epoch",
+                )),
+            },
+            RECORD_FORMAT_VARINT_XXH3 | RECORD_FORMAT_VARINT_BLAKE3 => self
                 .decode_layout::<VARINT_BODY>(
                     persistence_id,
                     sequence_nr,

@@ -828,6 +828,7 @@ async fn a_replayed_record_decodes_alike_whether_its_payload_is_shared_or_copied
     // A record with one tag that is not UTF-8 (no release writes one: tags are strings). A
     // replay skips tags, whichever way its chunk hands out payloads.
     let body = [
+        0, // epoch counter (a record written by this node alone)
         1, // tag count
         5, // offset in the tag order
         0, // timestamp_ms

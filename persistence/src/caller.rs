@@ -1,7 +1,6 @@
 //! How a writer's request reaches a replica: this node's own replica directly, any other over
 //! the cluster transport.
 
-use crate::event::StoredEvent;
 use crate::handler::ReplicaHandler;
 use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
 use bytes::Bytes;
@@ -10,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_cluster::Address;
 use tessera_cluster::transport::{Lane, Transport, services};
+use tessera_journal::StoredEvent;
 use tessera_replication::{Request, Response, Target};
 
 /// What became of a log call.

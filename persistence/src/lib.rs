@@ -8,7 +8,6 @@
 //! [`Persistence::start`] wires it on a cluster node.
 
 mod caller;
-pub mod event;
 mod handler;
 pub mod journal;
 pub mod maintenance;
@@ -19,12 +18,12 @@ pub mod store;
 pub mod wire;
 pub mod writers;
 
-pub use event::StoredEvent;
 pub use journal::{LogInspection, ReplicaView, ReplicatedJournal};
-pub use metrics::PersistenceMetrics;
+pub use metrics::{HistogramSnapshot, PersistenceMetrics, PersistenceMetricsSnapshot};
 pub use service::ReplicaServiceSettings;
 pub use snapshots::ReplicatedSnapshotStore;
-pub use store::{MemoryReplicaStore, ReplicaStore, StoreError};
+pub use store::{MemoryReplicaStore, ReplicaStore, RocksReplicaStore, StoreError};
+pub use tessera_journal::StoredEvent;
 pub use writers::WritersSettings;
 
 use caller::TransportCaller;

@@ -92,3 +92,35 @@ impl PersistenceMetrics {
         counter.load(Ordering::Relaxed)
     }
 }
+
+/// The replicated journal's counters as read at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PersistenceMetricsSnapshot {
+    pub appends_acknowledged: u64,
+    pub appends_not_applied: u64,
+    pub appends_unknown: u64,
+    pub recoveries: u64,
+    pub fenced: u64,
+    pub refused_fenced: u64,
+    pub entries_copied: u64,
+    pub reconfigurations: u64,
+    pub writers: u64,
+    pub append_latency: HistogramSnapshot,
+}
+
+impl PersistenceMetrics {
+    pub fn snapshot(&self) -> PersistenceMetricsSnapshot {
+        PersistenceMetricsSnapshot {
+            appends_acknowledged: Self::get(&self.appends_acknowledged),
+            appends_not_applied: Self::get(&self.appends_not_applied),
+            appends_unknown: Self::get(&self.appends_unknown),
+            recoveries: Self::get(&self.recoveries),
+            fenced: Self::get(&self.fenced),
+            refused_fenced: Self::get(&self.refused_fenced),
+            entries_copied: Self::get(&self.entries_copied),
+            reconfigurations: Self::get(&self.reconfigurations),
+            writers: Self::get(&self.writers),
+            append_latency: self.append_latency.snapshot(),
+        }
+    }
+}

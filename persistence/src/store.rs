@@ -1,12 +1,12 @@
-//! A node's replica store: where its replicas of logs live. [`MemoryReplicaStore`] keeps them
-//! in memory (tests); the RocksDB journal is the production store.
+//! A node's replica store: where its replicas of logs live. [`RocksReplicaStore`] is the
+//! node's RocksDB journal; [`MemoryReplicaStore`] keeps them in memory (tests).
 
-use crate::event::StoredEvent;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use tessera_journal::{JournalError, JournalStream, PersistentRepr};
+use tessera_journal::StoredEvent;
+use tessera_journal::{Journal, JournalError, JournalStream, PersistentRepr, RocksJournal};
 use tessera_replication::memory::{MemoryLog, ReadLimits};
 use tessera_replication::replica::Rules;
 use tessera_replication::{ConfigAt, Request, Response};
@@ -42,6 +42,46 @@ pub trait ReplicaStore: Send + Sync + 'static {
         after: Option<String>,
         limit: usize,
     ) -> BoxFuture<'static, Result<Vec<(String, ConfigAt)>, StoreError>>;
+}
+
+/// The node's RocksDB journal as its replica store: entries are event records (with their
+/// epochs), so queries by tag and by persistence id cover the replicas this node holds.
+pub struct RocksReplicaStore {
+    journal: Arc<RocksJournal>,
+}
+
+impl RocksReplicaStore {
+    pub fn new(journal: Arc<RocksJournal>) -> Arc<Self> {
+        Arc::new(RocksReplicaStore { journal })
+    }
+}
+
+impl ReplicaStore for RocksReplicaStore {
+    fn storage_id(&self) -> u64 {
+        self.journal.storage_id()
+    }
+
+    fn apply(
+        &self,
+        log: &str,
+        request: Request<StoredEvent>,
+    ) -> BoxFuture<'static, Result<Response<StoredEvent>, StoreError>> {
+        let applied = self.journal.replica_apply(log, request);
+        Box::pin(async move { applied.await.map_err(|e| StoreError(e.to_string())) })
+    }
+
+    fn replay(&self, log: &str, from: u64, to: u64, max: u64) -> JournalStream<PersistentRepr> {
+        self.journal.replay(log, from, to, max)
+    }
+
+    fn logs(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<(String, ConfigAt)>, StoreError>> {
+        let logs = self.journal.replica_logs(after, limit);
+        Box::pin(async move { logs.await.map_err(|e| StoreError(e.to_string())) })
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,9 +1,9 @@
 //! The replica service's messages on the cluster transport: a version byte, then postcard.
 //! Decoding any bytes gives a message or a typed error, never a panic.
 
-use crate::event::StoredEvent;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tessera_journal::StoredEvent;
 use tessera_replication::{Epoch, Request, Response};
 
 /// Version byte in front of every replica call and reply.

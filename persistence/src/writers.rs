@@ -7,13 +7,13 @@
 //! of the log recovers it again, under a new epoch), and at most `max_writers` are kept.
 
 use crate::caller::{CallResult, ReplicaCaller};
-use crate::event::StoredEvent;
 use crate::metrics::PersistenceMetrics;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::{Address, MemberStatus};
+use tessera_journal::StoredEvent;
 use tessera_journal::{AtomicWrite, JournalError};
 use tessera_replication::placement::Ring;
 use tessera_replication::{

@@ -13,7 +13,9 @@ use tessera_journal::{
     AtomicWrite, FsyncPolicy, Journal, JournalConfig, JournalError, Manifest, NewEvent,
     RocksJournal,
 };
-use tessera_persistence::{MemoryReplicaStore, Persistence, PersistenceSettings};
+use tessera_persistence::{
+    MemoryReplicaStore, Persistence, PersistenceSettings, ReplicaStore, RocksReplicaStore,
+};
 use tessera_snapshot::{
     RocksSnapshotStore, SnapshotConfig, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore,
 };
@@ -21,6 +23,7 @@ use tokio::sync::watch;
 
 struct Node {
     transport: Arc<MemoryTransport>,
+    /// The replica store in memory, unless the cluster runs on RocksDB stores.
     store: Arc<MemoryReplicaStore>,
     persistence: Persistence,
     membership: watch::Sender<ClusterSnapshot>,
@@ -66,6 +69,15 @@ async fn cluster(n: usize) -> (Arc<MemoryNetwork>, Vec<Node>) {
 }
 
 async fn cluster_with(n: usize, settings: PersistenceSettings) -> (Arc<MemoryNetwork>, Vec<Node>) {
+    cluster_on(n, settings, false).await
+}
+
+/// A cluster whose replica stores are in memory, or (`rocks`) the nodes' RocksDB journals.
+async fn cluster_on(
+    n: usize,
+    settings: PersistenceSettings,
+    rocks: bool,
+) -> (Arc<MemoryNetwork>, Vec<Node>) {
     let network = MemoryNetwork::new(7);
     let addresses: Vec<Address> = (0..n)
         .map(|i| Address::new("10.0.0.1", 7000 + i as u16))
@@ -78,6 +90,11 @@ async fn cluster_with(n: usize, settings: PersistenceSettings) -> (Arc<MemoryNet
         let mut config = JournalConfig::new(dir.path().join("journal"));
         config.fsync = FsyncPolicy::Never;
         let queries = Arc::new(RocksJournal::open(config).await.unwrap());
+        let replicas: Arc<dyn ReplicaStore> = if rocks {
+            RocksReplicaStore::new(queries.clone())
+        } else {
+            store.clone()
+        };
         let snapshots = Arc::new(
             RocksSnapshotStore::open(SnapshotConfig::new(dir.path().join("snapshots")))
                 .await
@@ -87,7 +104,7 @@ async fn cluster_with(n: usize, settings: PersistenceSettings) -> (Arc<MemoryNet
         let persistence = Persistence::start(
             transport.clone(),
             watch,
-            store.clone(),
+            replicas,
             snapshots,
             queries,
             settings.clone(),
@@ -353,4 +370,42 @@ async fn an_idle_log_moves_off_a_member_that_left() {
         payloads(spare_node.persistence.journal.as_ref(), "log-5").await,
         expected
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rocksdb_stores_a_log_moves_between_nodes_with_its_tags_and_deletes() {
+    let (_network, nodes) = cluster_on(3, settings(), true).await;
+    let a = nodes[0].persistence.journal.clone();
+    for seq in 1..=30 {
+        let mut w = write("log-6", seq, &format!("e{seq}"));
+        if seq.is_multiple_of(3) {
+            w.events[0].tags = vec!["third".into()];
+        }
+        a.append(w).await.unwrap();
+    }
+    let b = nodes[1].persistence.journal.clone();
+    let expected: Vec<String> = (1..=30).map(|s| format!("e{s}")).collect();
+    assert_eq!(payloads(b.as_ref(), "log-6").await, expected);
+    b.append(write("log-6", 31, "e31")).await.unwrap();
+    b.delete_to("log-6", 10).await.unwrap();
+    let c = nodes[2].persistence.journal.clone();
+    let rest: Vec<String> = (11..=31).map(|s| format!("e{s}")).collect();
+    assert_eq!(payloads(c.as_ref(), "log-6").await, rest);
+    assert_eq!(c.highest_sequence_nr("log-6").await.unwrap(), 31);
+    // Every node's own store answers tag queries over the logs it holds.
+    for node in &nodes {
+        let tagged: Vec<u64> = node
+            .persistence
+            .journal
+            .events_by_tag("third", 0, tessera_journal::QueryMode::Current)
+            .map(|e| e.unwrap().event.sequence_nr)
+            .collect()
+            .await;
+        // Deleted events (up to 10) are gone from the replicas that deleted them.
+        assert!(tagged.iter().all(|s| s.is_multiple_of(3)), "{tagged:?}");
+        assert!(
+            (12..=30).step_by(3).all(|s| tagged.contains(&s)),
+            "{tagged:?}"
+        );
+    }
 }

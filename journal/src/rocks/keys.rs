@@ -9,7 +9,9 @@
 //!   `p` ++ persistence id → pid_num ++ [`LogState`] (see [`encode_log`]); `n` ++ pid_num →
 //!   persistence id (also the persistence-id order); `t` ++ tag → tag_num; `d` ++ pid_num →
 //!   first sequence number not yet physically deleted (a deletion in progress); `c` →
-//!   [`Counters`]; `format_version` → the store format (u32 BE).
+//!   [`Counters`]; `r` ++ pid_num → the replica state of a replicated log (a version byte and
+//!   the postcard of its `LogMeta`); `#storage_id` → this store's replica id (u64 BE);
+//!   `format_version` → the store format (u32 BE).
 //!
 //! Store format 1 kept a log's state apart, under `s` ++ pid_num, with the `p` value holding
 //! the number alone; a replay then needed two lookups before its first read. Format 2 keeps
@@ -28,7 +30,12 @@ const PID_NAME_PREFIX: u8 = b'n';
 const TAG_PREFIX: u8 = b't';
 const STATE_PREFIX: u8 = b's';
 const DELETION_PREFIX: u8 = b'd';
+const REPLICA_PREFIX: u8 = b'r';
 pub(crate) const COUNTERS_KEY: &[u8] = b"c";
+/// The key of this store's replica id.
+pub(crate) const STORAGE_ID_KEY: &[u8] = b"#storage_id";
+/// The version byte in front of a stored replica state.
+pub(crate) const REPLICA_META_VERSION: u8 = 1;
 
 /// `hi ++ lo`, both big-endian.
 pub(crate) fn pair_key(hi: u64, lo: u64) -> [u8; 16] {
@@ -88,6 +95,24 @@ pub(crate) fn tag_key(tag: &str) -> Vec<u8> {
 /// The key of a format-1 log state.
 pub(crate) fn legacy_state_key(pid_num: u64) -> Vec<u8> {
     prefixed(STATE_PREFIX, &pid_num.to_be_bytes())
+}
+
+/// The key of a replicated log's replica state.
+pub(crate) fn replica_key(pid_num: u64) -> Vec<u8> {
+    prefixed(REPLICA_PREFIX, &pid_num.to_be_bytes())
+}
+
+/// The bounds `[start, end)` of all `r` keys.
+pub(crate) fn replica_key_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![REPLICA_PREFIX], vec![REPLICA_PREFIX + 1])
+}
+
+/// The pid number of an `r` key.
+pub(crate) fn parse_replica_key(key: &[u8]) -> Option<u64> {
+    match key {
+        [REPLICA_PREFIX, rest @ ..] => Some(u64::from_be_bytes(rest.try_into().ok()?)),
+        _ => None,
+    }
 }
 
 pub(crate) fn deletion_key(pid_num: u64) -> Vec<u8> {

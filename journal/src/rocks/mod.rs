@@ -4,11 +4,13 @@
 mod keys;
 mod reader;
 mod recent;
+mod replica;
 #[cfg(test)]
 mod tests;
 mod writer;
 
 use crate::config::JournalConfig;
+use crate::entry::StoredEvent;
 use crate::error::{JournalError, MAX_TAGS_PER_EVENT, validate_name};
 use crate::journal::{Journal, JournalStream, QueryMode};
 use crate::record::{AtomicWrite, EventEnvelope, PersistentRepr};
@@ -18,6 +20,8 @@ use keys::{CF_EVENTS, CF_META, CF_TAG_INDEX};
 use rocksdb::{BlockBasedOptions, ColumnFamilyDescriptor, DB, Options, SliceTransform};
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
+use tessera_replication::replica::LogMeta;
+use tessera_replication::{ConfigAt, Request, Response};
 use tessera_storage::{self as storage, FORMAT_VERSION_KEY, MAX_NAME_BYTES, name_excerpt};
 use tokio::sync::{oneshot, watch};
 
@@ -39,7 +43,10 @@ pub fn event_key(pid_num: u64, sequence_nr: u64) -> [u8; 16] {
 /// - 4: events also in record format 3 (xxh3 checksums). For the same reason: a release of
 ///   store format 3 would report them as newer when replaying, and delete them without their
 ///   tag entries; marked 4, the store is refused by it at open.
-pub const STORE_FORMAT_VERSION: u32 = 4;
+/// - 5: events also in record format 4 (the entry's epoch in front), and the replica state of
+///   replicated logs. A release of store format 4 could neither read those records nor keep
+///   a replica's promises: marked 5, the store is refused by it at open.
+pub const STORE_FORMAT_VERSION: u32 = 5;
 
 /// What the writer, the readers and the handle share.
 pub(crate) struct Shared {
@@ -115,6 +122,8 @@ pub struct RocksJournal {
     /// linger for a group, and async callers only ever `try_send`.
     requests: SyncSender<writer::WriterRequest>,
     commits: watch::Receiver<u64>,
+    /// This store's id as a replica of replicated logs (drawn when the store was created).
+    storage_id: u64,
 }
 
 impl RocksJournal {
@@ -155,12 +164,89 @@ impl RocksJournal {
                 &write_options,
             )?;
         }
+        let storage_id = replica::storage_id(&shared)?;
         let (requests, commits) = writer::start(shared.clone())?;
         Ok(RocksJournal {
             shared,
             requests,
             commits,
+            storage_id,
         })
+    }
+
+    /// This store's id as a replica: drawn at random when the store was created, so that a
+    /// node that comes back with an empty directory is another replica.
+    pub fn storage_id(&self) -> u64 {
+        self.storage_id
+    }
+
+    /// Applies a request of the replicated log protocol to this store's replica of a log:
+    /// writes are decided by the replica rules in the writer and answered once durable (the
+    /// writer takes them in the order of the calls); `Locate` and `Read` read what is stored.
+    pub fn replica_apply(
+        &self,
+        persistence_id: &str,
+        request: Request<StoredEvent>,
+    ) -> BoxFuture<'static, Result<Response<StoredEvent>, JournalError>> {
+        if let Err(e) = validate_name("persistence id", persistence_id) {
+            return futures::future::ready(Err(e)).boxed();
+        }
+        let persistence_id = persistence_id.to_string();
+        match request {
+            Request::Locate => {
+                let shared = self.shared.clone();
+                let storage_id = self.storage_id;
+                blocking(move || {
+                    Ok(Response::Located {
+                        storage_id,
+                        summary: replica::summary(&shared, &persistence_id)?,
+                    })
+                })
+            }
+            Request::Read {
+                from,
+                to,
+                max_entries,
+                max_bytes,
+            } => {
+                let shared = self.shared.clone();
+                blocking(move || {
+                    // One snapshot, so that the entries and the state agree.
+                    let (entries, summary) = match replica::replica_of(&shared, &persistence_id)? {
+                        Some((pid_num, meta)) => (
+                            replica::read_entries(
+                                &shared,
+                                &persistence_id,
+                                pid_num,
+                                from.max(meta.base.seq + 1),
+                                to,
+                                max_entries as usize,
+                                (max_bytes as usize).min(replica::MAX_TAIL_BYTES),
+                            )?,
+                            meta.summary(),
+                        ),
+                        None => (Vec::new(), LogMeta::default().summary()),
+                    };
+                    Ok(Response::Entries { entries, summary })
+                })
+            }
+            request => self.submit(|reply| writer::WriterRequest::Replica {
+                persistence_id,
+                request,
+                reply,
+            }),
+        }
+    }
+
+    /// Replicated logs this store holds, with their configuration, after the log `after`
+    /// (in the store's order), at most `limit`.
+    pub fn replica_logs(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<(String, ConfigAt)>, JournalError>> {
+        let shared = self.shared.clone();
+        blocking(move || replica::logs(&shared, after.as_deref(), limit))
     }
 
     /// Finishes the writes queued so far, stops the writer and closes the journal. The
@@ -204,6 +290,18 @@ impl RocksJournal {
     fn live(&self, mode: QueryMode) -> Option<watch::Receiver<u64>> {
         (mode == QueryMode::Live).then(|| self.commits.clone())
     }
+}
+
+/// Runs a read on the blocking pool.
+fn blocking<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, JournalError> + Send + 'static,
+) -> BoxFuture<'static, Result<T, JournalError>> {
+    async move {
+        tokio::task::spawn_blocking(read)
+            .await
+            .map_err(|e| JournalError::Storage(format!("reader task failed: {e}")))?
+    }
+    .boxed()
 }
 
 /// Checks what can be checked without the log's state, so that a malformed write never takes

@@ -20,13 +20,18 @@ use super::keys::{
 };
 use super::reader;
 use super::recent::Recent;
+use super::replica;
+use crate::entry::StoredEvent;
 use crate::error::JournalError;
-use crate::record::{self, AtomicWrite};
+use crate::record::{self, AtomicWrite, EventFields};
 use rocksdb::{WriteBatch, WriteOptions};
-use std::collections::{BTreeMap, HashMap};
+use smol_str::SmolStr;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 use std::time::Instant;
+use tessera_replication::replica::{Decision, Mutation, Reply, Rules};
+use tessera_replication::{LogSummary, Request, Response};
 use tessera_storage::FsyncPolicy;
 use tokio::sync::{oneshot, watch};
 
@@ -55,15 +60,57 @@ pub(crate) enum WriterRequest {
     },
     /// Finish what is queued before this request, then stop.
     Close { reply: oneshot::Sender<()> },
+    /// A change to a replicated log this store holds a replica of: the replica rules decide
+    /// it against the stored state, and it goes into the batch with everything else.
+    Replica {
+        persistence_id: String,
+        request: Request<StoredEvent>,
+        reply: ReplicaReply,
+    },
 }
+
+/// Where the answer to a replica request goes.
+pub(crate) type ReplicaReply = oneshot::Sender<Result<Response<StoredEvent>, JournalError>>;
 
 impl WriterRequest {
     fn size_bytes(&self) -> usize {
         match self {
             WriterRequest::Append { write, .. } => write.payload_bytes(),
+            WriterRequest::Replica {
+                request: Request::Append { entries, .. },
+                ..
+            } => entries.iter().map(|e| e.payload.payload.len()).sum(),
             _ => 0,
         }
     }
+
+    /// The log it changes, if any.
+    fn persistence_id(&self) -> Option<&str> {
+        match self {
+            WriterRequest::Append { write, .. } => Some(&write.persistence_id),
+            WriterRequest::DeleteTo { persistence_id, .. }
+            | WriterRequest::Replica { persistence_id, .. } => Some(persistence_id),
+            WriterRequest::Close { .. } => None,
+        }
+    }
+}
+
+/// A replica request staged in a batch, answered once the batch is durable.
+struct StagedReplica {
+    reply: ReplicaReply,
+    decided: Reply,
+    summary: LogSummary,
+    /// The log's number, to read the tail of a promise from (none: the log holds nothing).
+    pid_num: Option<u64>,
+    persistence_id: String,
+}
+
+/// One change to the database, collected before any is added to the batch: a replica
+/// request that fails halfway adds nothing.
+enum Op {
+    Put(&'static str, Vec<u8>, Vec<u8>),
+    Delete(&'static str, Vec<u8>),
+    DeleteRange(&'static str, Vec<u8>, Vec<u8>),
 }
 
 /// A log's number and state as the writer knows it.
@@ -292,47 +339,111 @@ impl Writer {
         let _ = reply.send(());
     }
 
-    fn commit_group(&mut self, group: Vec<WriterRequest>) {
-        let mut batch = WriteBatch::default();
-        let mut staged = Staged {
+    fn new_staged(&self) -> Staged {
+        Staged {
             logs: HashMap::new(),
             tags: HashMap::new(),
             counters: self.counters,
             deletions: Vec::new(),
-        };
+        }
+    }
+
+    /// Commits a group. A log is changed by at most one request per batch when replica
+    /// requests are involved: a second one for it starts a new batch, so that each replica
+    /// decision reads the log as it is on disk (and no answer leaves before what it relies
+    /// on is durable).
+    fn commit_group(&mut self, group: Vec<WriterRequest>) {
+        let mut batch = WriteBatch::default();
+        let mut staged = self.new_staged();
         let mut accepted = Vec::with_capacity(group.len());
+        let mut replicas = Vec::new();
+        let mut touched: HashSet<String> = HashSet::new();
         for request in group {
-            let (result, reply) = match request {
+            let is_replica = matches!(request, WriterRequest::Replica { .. });
+            if let Some(pid) = request.persistence_id() {
+                if touched.contains(pid) && (is_replica || !replicas.is_empty()) {
+                    let full = std::mem::take(&mut batch);
+                    let done = std::mem::replace(&mut staged, self.new_staged());
+                    self.commit_batch(
+                        full,
+                        done,
+                        std::mem::take(&mut accepted),
+                        std::mem::take(&mut replicas),
+                    );
+                    touched.clear();
+                }
+                touched.insert(pid.to_string());
+            }
+            match request {
                 WriterRequest::Append { write, reply } => {
-                    (self.stage_append(&mut batch, &mut staged, &write), reply)
+                    match self.stage_append(&mut batch, &mut staged, &write) {
+                        Ok(()) => accepted.push(reply),
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
                 }
                 WriterRequest::DeleteTo {
                     persistence_id,
                     to_sequence_nr,
                     reply,
-                } => (
-                    self.stage_delete(&mut batch, &mut staged, &persistence_id, to_sequence_nr),
-                    reply,
-                ),
-                WriterRequest::Close { .. } => continue,
-            };
-            match result {
-                Ok(()) => accepted.push(reply),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
+                } => {
+                    match self.stage_delete(
+                        &mut batch,
+                        &mut staged,
+                        &persistence_id,
+                        to_sequence_nr,
+                    ) {
+                        Ok(()) => accepted.push(reply),
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
                 }
+                WriterRequest::Replica {
+                    persistence_id,
+                    request,
+                    reply,
+                } => match self.stage_replica(&mut batch, &mut staged, &persistence_id, request) {
+                    Ok((decided, summary, pid_num)) => replicas.push(StagedReplica {
+                        reply,
+                        decided,
+                        summary,
+                        pid_num,
+                        persistence_id,
+                    }),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
+                WriterRequest::Close { .. } => continue,
             }
         }
+        self.commit_batch(batch, staged, accepted, replicas);
+    }
+
+    /// Writes a batch (one WAL write, one sync) and answers what it holds.
+    fn commit_batch(
+        &mut self,
+        mut batch: WriteBatch,
+        staged: Staged,
+        accepted: Vec<oneshot::Sender<Result<(), JournalError>>>,
+        replicas: Vec<StagedReplica>,
+    ) {
         if batch.is_empty() {
             for reply in accepted {
                 let _ = reply.send(Ok(()));
             }
+            self.answer_replicas(replicas);
             return;
         }
         if staged.counters != self.counters {
             match self.shared.cf(CF_META) {
                 Ok(meta) => batch.put_cf(meta, COUNTERS_KEY, staged.counters.encode()),
-                Err(e) => return fail_all(accepted, &e.to_string()),
+                Err(e) => {
+                    fail_replicas(replicas, &e.to_string());
+                    return fail_all(accepted, &e.to_string());
+                }
             }
         }
         match self.shared.db.write_opt(batch, &self.durable) {
@@ -342,12 +453,321 @@ impl Writer {
                 for reply in accepted {
                     let _ = reply.send(Ok(()));
                 }
+                self.answer_replicas(replicas);
             }
             Err(e) => {
                 tracing::error!(error = %e, "journal batch write failed");
+                fail_replicas(replicas, e.as_ref());
                 fail_all(accepted, e.as_ref());
             }
         }
+    }
+
+    /// Answers replica requests whose changes are durable; a promise brings the entries
+    /// above the log's acknowledged mark, read now.
+    fn answer_replicas(&self, replicas: Vec<StagedReplica>) {
+        for staged in replicas {
+            let summary = staged.summary;
+            let response = match staged.decided {
+                Reply::Promised => {
+                    let tail = match staged.pid_num {
+                        Some(pid_num) => replica::read_entries(
+                            &self.shared,
+                            &staged.persistence_id,
+                            pid_num,
+                            summary.lac.saturating_add(1),
+                            summary.last.seq,
+                            replica::MAX_TAIL_ENTRIES + 1,
+                            replica::MAX_TAIL_BYTES,
+                        ),
+                        None => Ok(Vec::new()),
+                    };
+                    match tail {
+                        Ok(mut tail) => {
+                            let complete = tail.last().is_none_or(|e| e.seq >= summary.last.seq);
+                            tail.truncate(replica::MAX_TAIL_ENTRIES);
+                            Ok(Response::Promised {
+                                summary,
+                                tail,
+                                tail_complete: complete,
+                            })
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                Reply::Appended => Ok(Response::Appended { summary }),
+                Reply::Sealed => Ok(Response::Sealed { summary }),
+                Reply::Installed => Ok(Response::Installed { summary }),
+                Reply::Deleted => Ok(Response::Deleted { summary }),
+                Reply::Fenced(promise) => Ok(Response::Fenced { promise }),
+                Reply::Mismatch => Ok(Response::Mismatch { summary }),
+                Reply::Invalid(reason) => Ok(Response::Invalid { reason }),
+            };
+            let _ = staged.reply.send(response);
+        }
+    }
+
+    /// Decides a replica request with the replica rules against the log as stored, and adds
+    /// what it changes to the batch: its entries (with their tag-index entries) and its
+    /// replica state. Returns the decision's reply, the summary after it, and the log's number.
+    fn stage_replica(
+        &mut self,
+        batch: &mut WriteBatch,
+        staged: &mut Staged,
+        pid: &str,
+        request: Request<StoredEvent>,
+    ) -> Result<(Reply, LogSummary, Option<u64>), JournalError> {
+        let log = self.find_log(staged, pid)?;
+        let before = match &log {
+            Some(log) => replica::meta_of(&self.shared, log.pid_num, log.state)?,
+            None => None,
+        };
+        let rules = Rules::default();
+        // Log number 0 is never given out: a log not held here has no entries to look up.
+        let epochs = replica::StoredEpochs {
+            shared: &self.shared,
+            persistence_id: pid,
+            pid_num: log.map_or(0, |l| l.pid_num),
+        };
+        let before_ref = before.as_ref();
+        let Decision {
+            meta,
+            mutations,
+            reply,
+        } = match request {
+            Request::Prepare { epoch } => rules.prepare(before_ref, epoch),
+            Request::Append {
+                epoch,
+                prev,
+                entries,
+                lac,
+                config,
+            } => rules.append(before_ref, &epochs, epoch, prev, entries, lac, config),
+            Request::Seal { epoch, at, config } => {
+                rules.seal(before_ref, &epochs, epoch, at, config)
+            }
+            Request::Install {
+                epoch,
+                base,
+                config,
+            } => rules.install(before_ref, epoch, base, config),
+            Request::DeleteTo { epoch, to } => rules.delete_to(before_ref, &epochs, epoch, to),
+            Request::Locate | Request::Read { .. } => {
+                return Err(JournalError::InvalidConfig(
+                    "replica reads do not go through the writer".into(),
+                ));
+            }
+        };
+        let after = meta.clone().or(before).unwrap_or_default();
+        if meta.is_none() && mutations.is_empty() {
+            return Ok((reply, after.summary(), log.map(|l| l.pid_num)));
+        }
+        // Everything that can fail happens before the first change reaches the batch.
+        let mut counters = staged.counters;
+        let mut new_tags: Vec<(String, u64)> = Vec::new();
+        let mut deletions = Vec::new();
+        let mut ops = Vec::new();
+        let mut log = match log {
+            Some(log) => log,
+            None => {
+                let pid_num = counters.next_pid_num;
+                counters.next_pid_num += 1;
+                ops.push(Op::Put(
+                    CF_META,
+                    keys::pid_name_key(pid_num),
+                    pid.as_bytes().to_vec(),
+                ));
+                CachedLog {
+                    pid_num,
+                    state: LogState::default(),
+                    legacy_state: false,
+                }
+            }
+        };
+        for mutation in mutations {
+            match mutation {
+                Mutation::TruncateFrom(seq) => {
+                    self.stage_truncate(&mut ops, staged, pid, &log, seq)?
+                }
+                Mutation::Put(entry) => {
+                    let key = pair_key(log.pid_num, entry.seq);
+                    let event = &entry.payload;
+                    let offset = if event.tags.is_empty() {
+                        0
+                    } else {
+                        counters.next_offset += 1;
+                        counters.next_offset - 1
+                    };
+                    for tag in &event.tags {
+                        let known =
+                            staged.tags.get(tag.as_str()).copied().or_else(|| {
+                                new_tags.iter().find(|(t, _)| t == tag).map(|(_, n)| *n)
+                            });
+                        let tag_num = match known {
+                            Some(num) => num,
+                            None => match self.find_tag(tag)? {
+                                Some(num) => num,
+                                None => {
+                                    let num = counters.next_tag_num;
+                                    counters.next_tag_num += 1;
+                                    ops.push(Op::Put(
+                                        CF_META,
+                                        keys::tag_key(tag),
+                                        num.to_be_bytes().to_vec(),
+                                    ));
+                                    new_tags.push((tag.clone(), num));
+                                    num
+                                }
+                            },
+                        };
+                        ops.push(Op::Put(
+                            CF_TAG_INDEX,
+                            pair_key(tag_num, offset).to_vec(),
+                            key.to_vec(),
+                        ));
+                    }
+                    let value = record::encode_fields(
+                        &key,
+                        &EventFields {
+                            epoch: entry.epoch,
+                            offset,
+                            timestamp_ms: event.timestamp_ms,
+                            writer_id: &event.writer_id,
+                            manifest: &event.manifest,
+                            manifest_version: event.manifest_version,
+                            tags: &event.tags,
+                            payload: &event.payload,
+                        },
+                    );
+                    ops.push(Op::Put(CF_EVENTS, key.to_vec(), value));
+                    log.state.highest = log.state.highest.max(entry.seq);
+                }
+                Mutation::Reseal { seq, epoch } => {
+                    let key = pair_key(log.pid_num, seq);
+                    let events = self.shared.cf(CF_EVENTS)?;
+                    let value = self.shared.db.get_cf(events, key)?.ok_or_else(|| {
+                        JournalError::Corrupt {
+                            persistence_id: pid.to_string(),
+                            sequence_nr: seq,
+                            detail: "the entry to seal is missing".into(),
+                        }
+                    })?;
+                    let decoded = record::EventDecoder::new().decode(
+                        &SmolStr::new(pid),
+                        seq,
+                        &key,
+                        &value,
+                    )?;
+                    let resealed = record::encode_fields(
+                        &key,
+                        &EventFields {
+                            epoch,
+                            offset: decoded.offset,
+                            timestamp_ms: decoded.repr.timestamp_ms,
+                            writer_id: &decoded.repr.writer_id,
+                            manifest: &decoded.repr.manifest.type_name,
+                            manifest_version: decoded.repr.manifest.version,
+                            tags: &decoded.tags,
+                            payload: &decoded.repr.payload,
+                        },
+                    );
+                    ops.push(Op::Put(CF_EVENTS, key.to_vec(), resealed));
+                }
+                Mutation::DeleteTo(to) => {
+                    let to = to.min(log.state.highest);
+                    if to > log.state.deleted_to {
+                        let from = self
+                            .deletions
+                            .get(&log.pid_num)
+                            .map_or(log.state.deleted_to + 1, |pending| pending.from);
+                        log.state.deleted_to = to;
+                        ops.push(Op::Put(
+                            CF_META,
+                            keys::deletion_key(log.pid_num),
+                            from.to_be_bytes().to_vec(),
+                        ));
+                        deletions.push((log.pid_num, PendingDeletion { from, to }));
+                    }
+                }
+            }
+        }
+        if let Some(meta) = &meta {
+            ops.push(Op::Put(
+                CF_META,
+                keys::replica_key(log.pid_num),
+                replica::encode_meta(meta)?,
+            ));
+        }
+        // From here on nothing fails.
+        for op in ops {
+            match op {
+                Op::Put(cf, key, value) => batch.put_cf(self.shared.cf(cf)?, key, value),
+                Op::Delete(cf, key) => batch.delete_cf(self.shared.cf(cf)?, key),
+                Op::DeleteRange(cf, from, to) => {
+                    batch.delete_range_cf(self.shared.cf(cf)?, from, to)
+                }
+            }
+        }
+        staged.counters = counters;
+        for (tag, num) in new_tags {
+            staged.tags.insert(tag, num);
+        }
+        staged.deletions.extend(deletions);
+        put_log(batch, self.shared.cf(CF_META)?, pid, &mut log);
+        let pid_num = log.pid_num;
+        staged.logs.insert(pid.to_string(), log);
+        Ok((reply, after.summary(), Some(pid_num)))
+    }
+
+    /// Removes a replica's entries from `seq` on, with their tag-index entries (read from the
+    /// records: they are few, the unacknowledged tail of a log).
+    fn stage_truncate(
+        &mut self,
+        ops: &mut Vec<Op>,
+        staged: &Staged,
+        pid: &str,
+        log: &CachedLog,
+        seq: u64,
+    ) -> Result<(), JournalError> {
+        let shared = self.shared.clone();
+        let events = shared.cf(CF_EVENTS)?;
+        let mut options = rocksdb::ReadOptions::default();
+        options.set_iterate_upper_bound(pair_upper_bound(log.pid_num, u64::MAX));
+        let mut iter = shared.db.raw_iterator_cf_opt(events, options);
+        iter.seek(pair_key(log.pid_num, seq));
+        let name = SmolStr::new(pid);
+        let mut decoder = record::EventDecoder::new();
+        while let Some((key, value)) = iter.item() {
+            let Some((_, at)) = keys::parse_pair(key) else {
+                break;
+            };
+            match decoder.decode(&name, at, key, value) {
+                Ok(decoded) => {
+                    for tag in &decoded.tags {
+                        let num = match staged.tags.get(tag.as_str()) {
+                            Some(num) => Some(*num),
+                            None => self.find_tag(tag)?,
+                        };
+                        if let Some(num) = num {
+                            ops.push(Op::Delete(
+                                CF_TAG_INDEX,
+                                pair_key(num, decoded.offset).to_vec(),
+                            ));
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(log = pid, seq = at, error = %e,
+                    "truncating an unreadable entry; its tag-index entries stay"),
+            }
+            iter.next();
+        }
+        iter.status()?;
+        ops.push(Op::DeleteRange(
+            CF_EVENTS,
+            pair_key(log.pid_num, seq).to_vec(),
+            pair_upper_bound(log.pid_num, u64::MAX).to_vec(),
+        ));
+        Ok(())
     }
 
     fn apply(&mut self, staged: Staged) {
@@ -595,6 +1015,14 @@ impl Writer {
         drop(iter);
         shared.db.write_opt(batch, &self.relaxed)?;
         Ok(next_from)
+    }
+}
+
+fn fail_replicas(replicas: Vec<StagedReplica>, message: &str) {
+    for staged in replicas {
+        let _ = staged
+            .reply
+            .send(Err(JournalError::Storage(message.to_string())));
     }
 }
 

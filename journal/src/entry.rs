@@ -1,10 +1,13 @@
-//! What a replicated log's entries carry: one event, as the writer handed it in.
+//! What a replicated log's entries carry: one event, as the writer handed it in. Replicas
+//! store it as an event record (with the entry's epoch), so that queries by tag and by
+//! persistence id work on every node over the logs it holds.
 
+use crate::record::{NewEvent, PersistentRepr};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
-use tessera_journal::{Manifest, NewEvent, PersistentRepr};
 use tessera_replication::Payload;
+use tessera_storage::Manifest;
 
 /// An event in a replicated log (its sequence number is the entry's).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,310 @@
+//! The journal as a replica store: every request of the replicated log protocol gets the
+//! same answer from the RocksDB store as from the in-memory model log the simulation checks
+//! (`tessera_replication::memory::MemoryLog`), and what is stored survives a reopen. Tags of
+//! truncated entries leave the tag index; a log written before replication reads as one.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use proptest::prelude::*;
+use tessera_cluster::Address;
+use tessera_journal::{
+    AtomicWrite, FsyncPolicy, Journal, JournalConfig, Manifest, NewEvent, QueryMode, RocksJournal,
+    StoredEvent,
+};
+use tessera_replication::memory::{MemoryLog, ReadLimits};
+use tessera_replication::replica::Rules;
+use tessera_replication::{Configuration, Entry, Epoch, Position, ReplicaId, Request, Response};
+
+const LOG: &str = "account|x";
+
+fn config() -> Configuration {
+    Configuration::new(1, vec![ReplicaId::new(Address::new("a", 1), 1)])
+}
+
+fn event(value: u8, tagged: bool) -> StoredEvent {
+    StoredEvent {
+        timestamp_ms: 7,
+        writer_id: "w".into(),
+        manifest: "m".into(),
+        manifest_version: 1,
+        payload: Bytes::from(vec![value]),
+        tags: if tagged { vec!["t".into()] } else { Vec::new() },
+    }
+}
+
+fn epoch(counter: u64) -> Epoch {
+    Epoch {
+        counter,
+        writer: counter * 1_000 + 7,
+    }
+}
+
+async fn open(dir: &std::path::Path) -> RocksJournal {
+    let mut config = JournalConfig::new(dir);
+    config.fsync = FsyncPolicy::Never;
+    RocksJournal::open(config).await.unwrap()
+}
+
+/// A request the model and the store both get, built from random choices against the
+/// model's state so that most are plausible (and some are not).
+#[derive(Debug, Clone)]
+enum Step {
+    Prepare(u64),
+    Append {
+        epoch: u64,
+        prev_back: u64,
+        prev_epoch_from_log: bool,
+        count: u8,
+        lac: u64,
+        with_config: bool,
+    },
+    Seal {
+        epoch: u64,
+        back: u64,
+    },
+    Delete {
+        epoch: u64,
+        to: u64,
+    },
+    Install {
+        epoch: u64,
+        ahead: u64,
+    },
+    Read {
+        from: u64,
+        count: u32,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        2 => (1u64..6).prop_map(Step::Prepare),
+        6 => (1u64..6, 0u64..4, any::<bool>(), 0u8..4, 0u64..12, any::<bool>()).prop_map(
+            |(epoch, prev_back, prev_epoch_from_log, count, lac, with_config)| Step::Append {
+                epoch, prev_back, prev_epoch_from_log, count, lac, with_config
+            }
+        ),
+        2 => (1u64..6, 0u64..3).prop_map(|(epoch, back)| Step::Seal { epoch, back }),
+        1 => (1u64..6, 0u64..12).prop_map(|(epoch, to)| Step::Delete { epoch, to }),
+        1 => (1u64..6, 0u64..6).prop_map(|(epoch, ahead)| Step::Install { epoch, ahead }),
+        2 => (0u64..14, 1u32..6).prop_map(|(from, count)| Step::Read { from, count }),
+    ]
+}
+
+/// The concrete request of a step, given the model's state.
+fn request(step: &Step, model: &MemoryLog<StoredEvent>, counter: &mut u8) -> Request<StoredEvent> {
+    let meta = model.meta.clone().unwrap_or_default();
+    match *step {
+        Step::Prepare(e) => Request::Prepare { epoch: epoch(e) },
+        Step::Append {
+            epoch: e,
+            prev_back,
+            prev_epoch_from_log,
+            count,
+            lac,
+            with_config,
+        } => {
+            let prev_seq = meta.last.seq.saturating_sub(prev_back);
+            let prev_epoch = if prev_epoch_from_log {
+                model
+                    .entries
+                    .get(&prev_seq)
+                    .map_or(meta.last.epoch, |e| e.epoch)
+            } else {
+                epoch(e)
+            };
+            let entries = (1..=u64::from(count))
+                .map(|i| {
+                    *counter = counter.wrapping_add(1);
+                    Entry {
+                        seq: prev_seq + i,
+                        epoch: epoch(e),
+                        payload: event(*counter, (*counter).is_multiple_of(3)),
+                    }
+                })
+                .collect();
+            Request::Append {
+                epoch: epoch(e),
+                prev: Position::new(prev_seq, prev_epoch),
+                entries,
+                lac,
+                config: with_config.then(config),
+            }
+        }
+        Step::Seal { epoch: e, back } => {
+            let seq = meta.last.seq.saturating_sub(back);
+            let at_epoch = model.entries.get(&seq).map_or(meta.last.epoch, |e| e.epoch);
+            Request::Seal {
+                epoch: epoch(e),
+                at: Position::new(seq, at_epoch),
+                config: config(),
+            }
+        }
+        Step::Delete { epoch: e, to } => Request::DeleteTo {
+            epoch: epoch(e),
+            to,
+        },
+        Step::Install { epoch: e, ahead } => Request::Install {
+            epoch: epoch(e),
+            base: Position::new(meta.committed() + ahead, epoch(1)),
+            config: config(),
+        },
+        Step::Read { from, count } => Request::Read {
+            from,
+            to: from + u64::from(count),
+            max_entries: count,
+            max_bytes: 1 << 20,
+        },
+    }
+}
+
+/// The store's answer with its storage id (Locate) normalised away.
+fn normalise(response: Response<StoredEvent>) -> Response<StoredEvent> {
+    match response {
+        Response::Located { summary, .. } => Response::Located {
+            storage_id: 0,
+            summary,
+        },
+        other => other,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn the_rocksdb_replica_answers_like_the_model(steps in proptest::collection::vec(step(), 1..60)) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut journal = open(dir.path()).await;
+            let mut model = MemoryLog::<StoredEvent>::default();
+            let rules = Rules::default();
+            let limits = ReadLimits { max_tail_entries: 1_000, max_bytes: 1 << 20 };
+            let mut counter = 0u8;
+            for (i, step) in steps.iter().enumerate() {
+                let request = request(step, &model, &mut counter);
+                let expected = model.handle(&rules, request.clone(), limits);
+                let actual = journal.replica_apply(LOG, request.clone()).await.unwrap();
+                prop_assert_eq!(normalise(actual), expected, "step {} {:?}", i, request);
+                if i % 10 == 9 {
+                    // What the store answered is durable: it answers the same after a reopen.
+                    journal.close().await;
+                    journal = open(dir.path()).await;
+                }
+            }
+            // The entries and the state agree with the model's, read back whole.
+            let located = journal.replica_apply(LOG, Request::Locate).await.unwrap();
+            let model_located = model.handle(&rules, Request::Locate, limits);
+            prop_assert_eq!(normalise(located), model_located);
+            let read = journal
+                .replica_apply(LOG, Request::Read { from: 0, to: u64::MAX, max_entries: 10_000, max_bytes: 1 << 30 })
+                .await
+                .unwrap();
+            let model_read = model.handle(
+                &rules,
+                Request::Read { from: 0, to: u64::MAX, max_entries: 10_000, max_bytes: 1 << 30 },
+                limits,
+            );
+            prop_assert_eq!(normalise(read), model_read);
+            // The tag index holds exactly the tagged entries still stored (and not deleted).
+            let base = model.meta.as_ref().map_or(0, |m| m.base.seq);
+            let mut expected_tagged: Vec<u64> = model
+                .entries
+                .values()
+                .filter(|e| !e.payload.tags.is_empty() && e.seq > base)
+                .map(|e| e.seq)
+                .collect();
+            expected_tagged.sort_unstable();
+            let mut tagged: Vec<u64> = journal
+                .events_by_tag("t", 0, QueryMode::Current)
+                .map(|e| e.unwrap().event.sequence_nr)
+                .collect()
+                .await;
+            tagged.sort_unstable();
+            prop_assert_eq!(tagged, expected_tagged);
+            journal.close().await;
+            Ok(())
+        })?;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_keeps_its_storage_id_and_a_new_one_gets_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(&dir.path().join("a")).await;
+    let id = journal.storage_id();
+    journal.close().await;
+    let journal = open(&dir.path().join("a")).await;
+    assert_eq!(journal.storage_id(), id);
+    let other = open(&dir.path().join("b")).await;
+    assert_ne!(other.storage_id(), id);
+    journal.close().await;
+    other.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_written_before_replication_reads_as_acknowledged_entries_of_epoch_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).await;
+    let events = (1..=3)
+        .map(|seq| NewEvent {
+            sequence_nr: seq,
+            timestamp_ms: 1,
+            manifest: Manifest::new("m", 1),
+            payload: Bytes::from_static(b"x"),
+            tags: Vec::new(),
+        })
+        .collect();
+    journal
+        .append(AtomicWrite {
+            persistence_id: LOG.into(),
+            writer_id: "w".into(),
+            events,
+        })
+        .await
+        .unwrap();
+    let Response::Located { summary, .. } =
+        journal.replica_apply(LOG, Request::Locate).await.unwrap()
+    else {
+        panic!("not located");
+    };
+    let summary = summary.expect("the log is held");
+    assert_eq!(summary.last, Position::new(3, Epoch::ZERO));
+    assert_eq!(summary.lac, 3);
+    assert!(summary.config.is_none());
+    assert_eq!(summary.promise, Epoch::ZERO);
+    // A writer takes it over: promise, then seal its last entry.
+    let promised = journal
+        .replica_apply(LOG, Request::Prepare { epoch: epoch(1) })
+        .await
+        .unwrap();
+    assert!(
+        matches!(promised, Response::Promised { .. }),
+        "{promised:?}"
+    );
+    let sealed = journal
+        .replica_apply(
+            LOG,
+            Request::Seal {
+                epoch: epoch(1),
+                at: Position::new(3, Epoch::ZERO),
+                config: config(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(sealed, Response::Sealed { .. }), "{sealed:?}");
+    // Its events replay as before.
+    let replayed: Vec<u64> = journal
+        .replay(LOG, 1, u64::MAX, u64::MAX)
+        .map(|e| e.unwrap().sequence_nr)
+        .collect()
+        .await;
+    assert_eq!(replayed, vec![1, 2, 3]);
+    journal.close().await;
+}

@@ -1,0 +1,339 @@
+//! The replicated journal in real `tessera node` processes on 127.0.0.1 (issue 15's
+//! acceptance): acknowledged deposits survive the SIGKILL of the node that took them; 64
+//! concurrent callers on three nodes neither lose nor double a deposit, nor apply a refused
+//! one; a paused (SIGSTOP) node that resumes cannot apply stale state; with two of three nodes
+//! down nothing is acknowledged, and all comes back with them.
+//!
+//! Every answer must be 200, or an error that says whether the command took effect (503 and
+//! 4xx: not applied; 504: unknown). Balances are then checked against the answers: at least
+//! the deposits answered 200, at most those plus the ones answered 504. Deadlines only bound
+//! how long a test may hang; nothing asserts a timing.
+
+mod common;
+
+use common::{SECRET, exe, free_port, wait_views};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera::demo::{self, NodeProcess};
+use tessera::http_client::{self, HttpResponse};
+use tokio::sync::Mutex;
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The arguments of node `i` of a cluster whose seed is `ports[0]`.
+fn args(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &ports[i].to_string(),
+        "--http-port",
+        "0",
+        "--seed",
+        &format!("127.0.0.1:{}", ports[0]),
+        "--data-dir",
+        &dir.join(format!("n{i}")).display().to_string(),
+        "--cluster-secret",
+        SECRET,
+        "--entity-ask-timeout",
+        "5s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+async fn spawn(i: usize, run: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> NodeProcess {
+    demo::spawn_node(
+        exe(),
+        i + 1,
+        &args(i, ports, dir, extra),
+        dir.join(format!("n{i}-run{run}.log")),
+    )
+    .await
+    .expect("node starts")
+}
+
+/// Three nodes, all Up on every node.
+async fn three_nodes(dir: &Path, extra: &[&str]) -> (Vec<u16>, Vec<NodeProcess>) {
+    let ports = vec![free_port(), free_port(), free_port()];
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(spawn(i, 1, &ports, dir, extra).await);
+    }
+    wait_up(&nodes.iter().collect::<Vec<_>>(), 3).await;
+    (ports, nodes)
+}
+
+async fn wait_up(nodes: &[&NodeProcess], count: usize) {
+    wait_views(nodes, "members up on every node", |views| {
+        views.iter().all(|v| {
+            v.as_ref().is_some_and(|(m, _)| {
+                m.iter().filter(|(_, s, r)| s == "up" && *r).count() == count
+            })
+        })
+    })
+    .await;
+}
+
+async fn command(http: SocketAddr, id: &str, body: &str) -> HttpResponse {
+    match http_client::request(
+        http,
+        "POST",
+        &format!("/entities/account/{id}"),
+        Some(body),
+        REQUEST_TIMEOUT,
+    )
+    .await
+    {
+        Ok(response) => response,
+        // A node that is down or paused does not answer: nothing reached an entity.
+        Err(e) => HttpResponse {
+            status: 0,
+            body: e.to_string(),
+        },
+    }
+}
+
+/// The balance read through `http` (a confirmed read), retried while the node answers 503.
+async fn balance(http: SocketAddr, id: &str) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = command(http, id, r#"{"get": null}"#).await;
+        if response.status == 200 {
+            return response.json().expect("JSON")["balance"]
+                .as_u64()
+                .expect("balance");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no balance of {id} from {http}: {} {}",
+            response.status,
+            response.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the deposits to one account were answered.
+#[derive(Default, Debug, Clone, Copy)]
+struct Tally {
+    ok: u64,
+    unknown: u64,
+    not_applied: u64,
+}
+
+/// Checks an answer is 200 or an error that says whether it took effect, and counts it.
+fn count(tally: &mut Tally, response: &HttpResponse) {
+    match response.status {
+        200 => tally.ok += 1,
+        504 => {
+            assert_outcome(response, "unknown");
+            tally.unknown += 1;
+        }
+        503 => {
+            assert_outcome(response, "not_applied");
+            tally.not_applied += 1;
+        }
+        // No connection at all (a stopped node): nothing was sent to an entity.
+        0 => tally.not_applied += 1,
+        other => panic!("unexpected answer {other}: {}", response.body),
+    }
+}
+
+fn assert_outcome(response: &HttpResponse, outcome: &str) {
+    let json = response
+        .json()
+        .unwrap_or_else(|| panic!("error without a JSON body: {}", response.body));
+    assert_eq!(json["outcome"], outcome, "{}", response.body);
+    assert!(
+        json["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{}",
+        response.body
+    );
+}
+
+fn check_bounds(tallies: &BTreeMap<String, Tally>, balances: &BTreeMap<String, u64>) {
+    for (id, tally) in tallies {
+        let balance = balances[id];
+        println!("{id}: balance {balance}, {tally:?}");
+        assert!(
+            balance >= tally.ok && balance <= tally.ok + tally.unknown,
+            "{id}: balance {balance} outside [{}, {}] ({tally:?})",
+            tally.ok,
+            tally.ok + tally.unknown
+        );
+    }
+}
+
+async fn kill(node: &mut NodeProcess) {
+    node.child.start_kill().expect("SIGKILL");
+    let _ = tokio::time::timeout(EXIT_TIMEOUT, node.child.wait()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deposits_through_one_node_survive_its_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_ports, mut nodes) = three_nodes(dir.path(), &[]).await;
+    let mut requests = Vec::new();
+    for _ in 0..1_000 {
+        let http = nodes[0].http;
+        requests.push(tokio::spawn(async move {
+            command(http, "alice", r#"{"deposit": 1}"#).await
+        }));
+    }
+    for request in requests {
+        let response = request.await.expect("task");
+        assert_eq!(response.status, 200, "{}", response.body);
+    }
+    kill(&mut nodes[0]).await;
+    assert_eq!(balance(nodes[1].http, "alice").await, 1_000);
+    assert_eq!(balance(nodes[2].http, "alice").await, 1_000);
+}
+
+/// 64 callers deposit into 10 accounts through random nodes for `duration`, while `during`
+/// does something to the cluster; returns the answers per account.
+async fn workload(
+    nodes: Vec<SocketAddr>,
+    duration: Duration,
+) -> BTreeMap<String, Tally> {
+    let tallies: Arc<Mutex<BTreeMap<String, Tally>>> = Arc::default();
+    let end = Instant::now() + duration;
+    let mut callers = Vec::new();
+    for caller in 0..64u64 {
+        let nodes = nodes.clone();
+        let tallies = tallies.clone();
+        callers.push(tokio::spawn(async move {
+            let mut seed = caller.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            while Instant::now() < end {
+                let id = format!("acct-{}", next() % 10);
+                let http = nodes[(next() % nodes.len() as u64) as usize];
+                let response = command(http, &id, r#"{"deposit": 1}"#).await;
+                let mut tallies = tallies.lock().await;
+                count(tallies.entry(id).or_default(), &response);
+                drop(tallies);
+                if response.status == 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.expect("caller");
+    }
+    let tallies = tallies.lock().await.clone();
+    let total: u64 = tallies.values().map(|t| t.ok).sum();
+    println!("{total} deposits acknowledged in {duration:?}");
+    tallies
+}
+
+async fn balances(http: SocketAddr, tallies: &BTreeMap<String, Tally>) -> BTreeMap<String, u64> {
+    let mut balances = BTreeMap::new();
+    for id in tallies.keys() {
+        balances.insert(id.clone(), balance(http, id).await);
+    }
+    balances
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deposits_through_every_node_are_neither_lost_nor_doubled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_ports, nodes) = three_nodes(dir.path(), &[]).await;
+    let https: Vec<SocketAddr> = nodes.iter().map(|n| n.http).collect();
+    let tallies = workload(https.clone(), Duration::from_secs(20)).await;
+    assert!(tallies.values().map(|t| t.ok).sum::<u64>() > 0);
+    // Read through every node: each read is confirmed current.
+    for http in &https {
+        check_bounds(&tallies, &balances(*http, &tallies).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_that_resumes_applies_no_stale_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Paused for seconds only: the others must not down it meanwhile.
+    let (_ports, nodes) = three_nodes(dir.path(), &["--stable-after", "120s"]).await;
+    let mut tally = Tally::default();
+    // Node 1 hosts the account: it recovered it and wrote to it last.
+    for _ in 0..50 {
+        count(&mut tally, &command(nodes[0].http, "bob", r#"{"deposit": 1}"#).await);
+    }
+    let pid = nodes[0].child.id().expect("pid") as i32;
+    // SAFETY: kill(2) with a pid of a child this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    for _ in 0..50 {
+        count(&mut tally, &command(nodes[1].http, "bob", r#"{"deposit": 1}"#).await);
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    // Through the resumed node: its entity still holds the old state, and must not use it.
+    for _ in 0..50 {
+        count(&mut tally, &command(nodes[0].http, "bob", r#"{"deposit": 1}"#).await);
+    }
+    let mut tallies = BTreeMap::new();
+    tallies.insert("bob".to_string(), tally);
+    for node in &nodes {
+        check_bounds(&tallies, &balances(node.http, &tallies).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_of_three_down_nothing_is_acknowledged_and_all_comes_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The split-brain resolver must not down the lone survivor before the others are back.
+    let (ports, mut nodes) = three_nodes(dir.path(), &["--stable-after", "120s"]).await;
+    let mut tally = Tally::default();
+    for _ in 0..20 {
+        let response = command(nodes[2].http, "carol", r#"{"deposit": 1}"#).await;
+        assert_eq!(response.status, 200, "{}", response.body);
+        count(&mut tally, &response);
+    }
+    kill(&mut nodes[0]).await;
+    kill(&mut nodes[1]).await;
+    for _ in 0..3 {
+        let response = command(nodes[2].http, "carol", r#"{"deposit": 1}"#).await;
+        assert!(
+            response.status == 503 || response.status == 504,
+            "a deposit with two of three nodes down must not be acknowledged: {} {}",
+            response.status,
+            response.body
+        );
+        count(&mut tally, &response);
+    }
+    // The two come back on their data; deposits succeed again.
+    nodes[0] = spawn(0, 2, &ports, dir.path(), &["--stable-after", "120s"]).await;
+    nodes[1] = spawn(1, 2, &ports, dir.path(), &["--stable-after", "120s"]).await;
+    wait_up(&nodes.iter().collect::<Vec<_>>(), 3).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = command(nodes[2].http, "carol", r#"{"deposit": 1}"#).await;
+        count(&mut tally, &response);
+        if response.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "deposits do not succeed again: {} {}",
+            response.status,
+            response.body
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut tallies = BTreeMap::new();
+    tallies.insert("carol".to_string(), tally);
+    for node in &nodes {
+        check_bounds(&tallies, &balances(node.http, &tallies).await);
+    }
+}
