@@ -4,13 +4,44 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use tessera_cluster::Address;
 
-/// One replica store: the node's cluster address and the random id its store was given when
-/// it was created. A node that comes back with an empty disk has a new storage id, so it is a
-/// different replica: it can never answer for data it lost.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// One replica store: the random id its store was given when it was created, and the
+/// cluster address its node was last seen at.
+///
+/// The store is the identity (equality, order and hashing look at `storage_id` only): a node
+/// that comes back with an empty disk has a new storage id, so it is a different replica and
+/// can never answer for data it lost; a node that comes back at another address with its
+/// disk is the same replica, found by its id and moved in the configuration. Two nodes must
+/// never run copies of one store directory.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReplicaId {
     pub address: Address,
     pub storage_id: u64,
+}
+
+impl PartialEq for ReplicaId {
+    fn eq(&self, other: &Self) -> bool {
+        self.storage_id == other.storage_id
+    }
+}
+
+impl Eq for ReplicaId {}
+
+impl std::hash::Hash for ReplicaId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.storage_id.hash(state);
+    }
+}
+
+impl PartialOrd for ReplicaId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ReplicaId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.storage_id.cmp(&other.storage_id)
+    }
 }
 
 impl ReplicaId {
@@ -62,6 +93,37 @@ impl Configuration {
             members,
             previous: Some(self.members.clone()),
         }
+    }
+
+    /// This configuration with each member at the address its store was last seen at, where
+    /// `seen_at` knows it. The members are the same replicas.
+    pub fn relocated(&self, seen_at: &std::collections::BTreeMap<u64, Address>) -> Self {
+        let relocate = |members: &[ReplicaId]| -> Vec<ReplicaId> {
+            members
+                .iter()
+                .map(|m| ReplicaId {
+                    address: seen_at
+                        .get(&m.storage_id)
+                        .cloned()
+                        .unwrap_or_else(|| m.address.clone()),
+                    storage_id: m.storage_id,
+                })
+                .collect()
+        };
+        Configuration {
+            version: self.version,
+            members: relocate(&self.members),
+            previous: self.previous.as_deref().map(relocate),
+        }
+    }
+
+    /// Whether a member's store was seen at another address than the one named here.
+    pub fn has_moved_member(&self, seen_at: &std::collections::BTreeMap<u64, Address>) -> bool {
+        self.all_members().iter().any(|m| {
+            seen_at
+                .get(&m.storage_id)
+                .is_some_and(|address| *address != m.address)
+        })
     }
 
     /// The configuration a joint one ends in: its new members alone.

@@ -152,6 +152,15 @@ fn a_paused_writer_that_resumes_after_another_took_over_is_fenced() {
 }
 
 #[test]
+fn a_node_that_moves_to_another_address_keeps_its_replicas() {
+    run(Scenario {
+        faults: vec![FaultKind::MoveNode],
+        delete_probability: 0.03,
+        ..base("node moved")
+    });
+}
+
+#[test]
 fn a_member_replaced_during_writes() {
     let stats = run(Scenario {
         spare_nodes: 1,
@@ -179,6 +188,7 @@ fn everything() -> Scenario {
             FaultKind::PartitionOneFromRest,
             FaultKind::Pause,
             FaultKind::ReplaceMember,
+            FaultKind::MoveNode,
         ],
         ..base("everything, five nodes")
     }
@@ -249,6 +259,11 @@ fn trace_one_seed() {
             ..base("message loss, duplication, reordering")
         },
         "everything" => everything(),
+        "moved" => Scenario {
+            faults: vec![FaultKind::MoveNode],
+            delete_probability: 0.03,
+            ..base("node moved")
+        },
         other => panic!("unknown scenario {other}"),
     };
     let mut sim = Simulation::new(scenario, seed.parse().unwrap());

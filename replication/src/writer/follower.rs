@@ -320,6 +320,11 @@ impl Follower {
         entries: Vec<Entry<P>>,
         summary: LogSummary,
     ) -> Heard {
+        if summary.promise > view.epoch {
+            // The source promised a later writer: what it holds now may be that writer's
+            // (its entries, its deleted prefix), which this writer must not hand on.
+            return Heard::Fenced(summary.promise);
+        }
         let next = self.matched + 1;
         if summary.base.seq >= next {
             // Deleted at the source: what this replica lacks exists only as a prefix.

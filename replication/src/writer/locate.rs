@@ -75,6 +75,10 @@ impl Locating {
                 storage_id,
                 summary,
             } => {
+                // A store answering from a second address moved there (its node restarted
+                // elsewhere); the later answer wins. (Two nodes running copies of one store
+                // directory would look the same: that must never be done.)
+                self.storage.retain(|_, id| *id != storage_id);
                 self.storage.insert(address.clone(), storage_id);
                 if let Some(summary) = summary {
                     self.seen = self.seen.max(summary.promise).max(summary.last.epoch);
@@ -99,20 +103,48 @@ impl Locating {
     }
 
     fn decide<P>(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
-        // A replicated log's configuration found anywhere is enough to start: the recovery
-        // follows the promisers to any later one, so the answers still out (a member that is
-        // down) need not be waited for. A log from before replication waits for all answers:
-        // a replicated one elsewhere would win.
-        let replicated = self.found.iter().any(|(_, s)| s.config.is_some());
-        if (self.waiting.is_empty() || replicated)
-            && let Some(config) = self.best_found()
-        {
-            return Next::Recover(RecoverFrom {
-                configs: vec![config],
-                target: None,
-                creating: false,
-                seen: self.seen,
-            });
+        // A replicated log's configuration is enough to start once every member's store has
+        // answered (the recovery follows the promisers to any later configuration): the
+        // answers still out need not be waited for. A member not heard from yet may have
+        // moved to another address, which the rest of the answers (or asking everyone) tell.
+        // A log from before replication waits for all answers: a replicated one would win.
+        if let Some(config) = self.best_found() {
+            let seen_at = self.seen_at();
+            let replicated = self.found.iter().any(|(_, s)| s.config.is_some());
+            let all_seen = config
+                .all_members()
+                .iter()
+                .all(|m| seen_at.contains_key(&m.storage_id));
+            let asked_everyone =
+                self.wide || ctx.placement.members.iter().all(|a| self.asked.contains(a));
+            let start = if self.waiting.is_empty() {
+                all_seen || asked_everyone
+            } else {
+                replicated && all_seen
+            };
+            if start {
+                return Next::Recover(RecoverFrom {
+                    configs: vec![config.relocated(&seen_at)],
+                    target: None,
+                    creating: false,
+                    seen: self.seen,
+                    seen_at,
+                });
+            }
+            if self.waiting.is_empty() {
+                // Look for the members not heard from among every member of the cluster.
+                self.wide = true;
+                let rest: Vec<Address> = ctx
+                    .placement
+                    .members
+                    .iter()
+                    .filter(|a| !self.asked.contains(*a))
+                    .cloned()
+                    .collect();
+                self.ask(ctx, rest);
+                return self.decide(ctx);
+            }
+            return Next::Stay;
         }
         if !self.waiting.is_empty() {
             return Next::Stay;
@@ -167,7 +199,16 @@ impl Locating {
             target: None,
             creating: true,
             seen: self.seen,
+            seen_at: self.seen_at(),
         })
+    }
+
+    /// Where each store answered from.
+    fn seen_at(&self) -> BTreeMap<u64, Address> {
+        self.storage
+            .iter()
+            .map(|(address, id)| (*id, address.clone()))
+            .collect()
     }
 
     /// The configuration of the latest epoch among the answers; a log from before replication

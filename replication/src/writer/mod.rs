@@ -251,6 +251,8 @@ pub(crate) struct RecoverFrom {
     pub creating: bool,
     /// The highest epoch seen so far; the recovery's epoch is above it.
     pub seen: Epoch,
+    /// Where stores were last seen (storage id → address), to reach members that moved.
+    pub seen_at: BTreeMap<u64, Address>,
 }
 
 enum Phase<P> {
@@ -324,6 +326,7 @@ impl<P: Payload> LogWriter<P> {
                 target: None,
                 creating: false,
                 seen: known.epoch,
+                seen_at: BTreeMap::new(),
             }),
             None => {
                 let (locating, next) = {

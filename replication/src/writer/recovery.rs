@@ -61,6 +61,8 @@ struct Adopted<P> {
 
 pub(crate) struct Recovery<P> {
     epoch: Epoch,
+    /// Where stores were last seen: members that moved are reached (and recorded) there.
+    seen_at: BTreeMap<u64, tessera_cluster::Address>,
     configs: Vec<Configuration>,
     target: Option<Configuration>,
     creating: bool,
@@ -71,6 +73,9 @@ pub(crate) struct Recovery<P> {
     adopted: Option<Adopted<P>>,
     followers: BTreeMap<ReplicaId, Follower>,
     sealed: BTreeSet<ReplicaId>,
+    /// Locate requests out to find members whose address left the cluster (their node may
+    /// have come back elsewhere with its store).
+    locating: BTreeMap<RequestId, tessera_cluster::Address>,
 }
 
 impl<P: Payload> Recovery<P> {
@@ -78,6 +83,7 @@ impl<P: Payload> Recovery<P> {
         let epoch = Epoch::after(from.seen, ctx.writer_id);
         let mut recovery = Recovery {
             epoch,
+            seen_at: from.seen_at,
             configs: Vec::new(),
             target: from.target,
             creating: from.creating,
@@ -88,11 +94,76 @@ impl<P: Payload> Recovery<P> {
             adopted: None,
             followers: BTreeMap::new(),
             sealed: BTreeSet::new(),
+            locating: BTreeMap::new(),
         };
         for config in from.configs {
             recovery.add_config(ctx, config);
         }
+        recovery.find_moved(ctx);
         (recovery, Next::Stay)
+    }
+
+    /// When a member's address is no longer a cluster member, asks the members that are not
+    /// in the configurations which store they run: the missing one may have moved.
+    fn find_moved(&mut self, ctx: &mut Ctx<'_, P>) {
+        let addresses: BTreeSet<tessera_cluster::Address> = self
+            .configs
+            .iter()
+            .flat_map(|c| c.all_members())
+            .map(|m| m.address)
+            .collect();
+        let missing = addresses.iter().any(|a| !ctx.placement.members.contains(a));
+        if !missing {
+            return;
+        }
+        for address in ctx.placement.members.clone() {
+            if !addresses.contains(&address) && !self.locating.values().any(|a| *a == address) {
+                let id = ctx.send(Target::Address(address.clone()), Request::Locate);
+                self.locating.insert(id, address);
+            }
+        }
+    }
+
+    /// A store answered from `address`: if a member of the configurations runs it elsewhere,
+    /// the member moved there; prepare it at its new address.
+    fn found_at(
+        &mut self,
+        ctx: &mut Ctx<'_, P>,
+        storage_id: u64,
+        address: tessera_cluster::Address,
+    ) {
+        let moved = self.configs.iter().any(|c| {
+            c.all_members()
+                .iter()
+                .any(|m| m.storage_id == storage_id && m.address != address)
+        });
+        self.seen_at.insert(storage_id, address.clone());
+        if !moved {
+            return;
+        }
+        self.configs = self
+            .configs
+            .iter()
+            .map(|c| c.relocated(&self.seen_at))
+            .collect();
+        let Some((member, state)) = self
+            .prepares
+            .iter()
+            .find(|(m, _)| m.storage_id == storage_id)
+            .map(|(m, p)| (m.clone(), p.clone()))
+        else {
+            return;
+        };
+        if matches!(state, Prepare::Promised | Prepare::Refused) {
+            return;
+        }
+        self.prepares.remove(&member);
+        let relocated = ReplicaId::new(address, storage_id);
+        let id = ctx.send(
+            Target::Replica(relocated.clone()),
+            Request::Prepare { epoch: self.epoch },
+        );
+        self.prepares.insert(relocated, Prepare::Waiting(id));
     }
 
     pub fn epoch(&self) -> Epoch {
@@ -108,8 +179,10 @@ impl<P: Payload> Recovery<P> {
             .or(self.configs.first())
     }
 
-    /// Adds a configuration to recover on, preparing its members not asked yet.
+    /// Adds a configuration to recover on, preparing its members not asked yet (at the
+    /// address their store was last seen at).
     fn add_config(&mut self, ctx: &mut Ctx<'_, P>, config: Configuration) {
+        let config = config.relocated(&self.seen_at);
         for member in &config.all_members() {
             if !self.prepares.contains_key(member) {
                 let id = ctx.send(
@@ -140,6 +213,12 @@ impl<P: Payload> Recovery<P> {
         to: &Target,
         response: Response<P>,
     ) -> Next<P> {
+        if let Some(address) = self.locating.remove(&id) {
+            if let Response::Located { storage_id, .. } = response {
+                self.found_at(ctx, storage_id, address);
+            }
+            return Next::Stay;
+        }
         if let Target::Replica(member) = to
             && self.prepares.get(member) == Some(&Prepare::Waiting(id))
         {
@@ -196,6 +275,7 @@ impl<P: Payload> Recovery<P> {
                         target: self.target.clone(),
                         creating: self.creating,
                         seen: self.seen.max(self.epoch),
+                        seen_at: self.seen_at.clone(),
                     })
                 }
             }
@@ -251,6 +331,7 @@ impl<P: Payload> Recovery<P> {
                     target: None,
                     creating: false,
                     seen: self.seen,
+                    seen_at: self.seen_at.clone(),
                 });
             }
         }
@@ -310,7 +391,13 @@ impl<P: Payload> Recovery<P> {
                 self.configs[0].clone()
             }
         };
-        let config = self.target.clone().unwrap_or_else(|| copy_config.clone());
+        // Members that moved are recorded at their new address with the seal.
+        let copy_config = copy_config.relocated(&self.seen_at);
+        let config = self
+            .target
+            .clone()
+            .unwrap_or_else(|| copy_config.clone())
+            .relocated(&self.seen_at);
         let window: BTreeMap<u64, Entry<P>> = self
             .tails
             .get(&best)
@@ -440,10 +527,16 @@ impl<P: Payload> Recovery<P> {
         }
         let mut followers = BTreeMap::new();
         for member in &adopted.config.all_members() {
-            let follower = match self.followers.remove(member) {
+            let mut follower = match self.followers.remove(member) {
                 Some(f) => f,
                 None => Follower::unknown(member.clone()),
             };
+            follower.id = member.clone();
+            if self.prepares.get(member) == Some(&Prepare::Lost) {
+                // Its store is gone (another store answers at its address): serving starts
+                // by replacing it, even when nothing is left to copy that would find out.
+                follower.state = FollowerState::Lost;
+            }
             followers.insert(member.clone(), follower);
         }
         Next::Serve(Box::new(Serving::new(
@@ -458,6 +551,9 @@ impl<P: Payload> Recovery<P> {
     }
 
     pub fn on_failure(&mut self, ctx: &mut Ctx<'_, P>, id: RequestId, to: &Target) -> Next<P> {
+        if self.locating.remove(&id).is_some() {
+            return Next::Stay;
+        }
         if let Target::Replica(member) = to
             && self.prepares.get(member) == Some(&Prepare::Waiting(id))
         {
@@ -488,6 +584,19 @@ impl<P: Payload> Recovery<P> {
         }
         if self.quorum_possible(ctx) {
             Next::Stay
+        } else if self
+            .prepares
+            .values()
+            .any(|p| matches!(p, Prepare::Refused))
+        {
+            // Later writers took some of the promises: take the log over again.
+            Next::Recover(RecoverFrom {
+                configs: self.configs.clone(),
+                target: self.target.clone(),
+                creating: self.creating,
+                seen: self.seen.max(self.epoch),
+                seen_at: self.seen_at.clone(),
+            })
         } else {
             let configs: Vec<String> = self.configs.iter().map(|c| c.to_string()).collect();
             Next::Stop(StopReason::Unavailable(format!(

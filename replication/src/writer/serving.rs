@@ -503,6 +503,7 @@ impl<P: Payload> Serving<P> {
                 target: Some(settled),
                 creating: false,
                 seen: self.epoch,
+                seen_at: BTreeMap::new(),
             });
         }
         let lost = self.lost_members(ctx);
@@ -532,8 +533,22 @@ impl<P: Payload> Serving<P> {
     }
 
     fn reconfigure_with(&mut self, ctx: &mut Ctx<'_, P>, added: ReplicaId) -> Next<P> {
-        if self.config.contains(&added) {
-            return Next::Stay;
+        if let Some(member) = self.config.all_members().into_iter().find(|m| *m == added) {
+            if member.address == added.address {
+                return Next::Stay;
+            }
+            // Not a new replica: a member whose node came back at another address with its
+            // store. The configuration records the new address (same replicas, same quorums).
+            let seen_at = [(added.storage_id, added.address.clone())].into();
+            let mut moved = self.config.relocated(&seen_at);
+            moved.version += 1;
+            return Next::Recover(RecoverFrom {
+                configs: vec![self.config.clone(), moved.clone()],
+                target: Some(moved),
+                creating: false,
+                seen: self.epoch,
+                seen_at,
+            });
         }
         let lost = self.lost_members(ctx);
         let mut members = self.config.members.clone();
@@ -554,6 +569,7 @@ impl<P: Payload> Serving<P> {
             target: Some(new),
             creating: false,
             seen: self.epoch,
+            seen_at: BTreeMap::new(),
         })
     }
 
