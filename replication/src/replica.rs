@@ -147,6 +147,9 @@ pub struct Sabotage {
     pub accept_lower_epochs: bool,
     /// Answer prepares without raising (or storing) the promise.
     pub no_fence: bool,
+    /// Treat a repeated seal as new unless nothing was appended since: it truncates what its
+    /// writer appended after it.
+    pub reseal_repeats: bool,
 }
 
 /// The rules, with optional sabotage (see [`Sabotage`]).
@@ -278,6 +281,30 @@ impl Rules {
         if let Some(fenced) = self.fenced(&meta, epoch) {
             return Decision::answer(fenced);
         }
+        // Everything this writer's log holds above its sealed point is its own (epoch
+        // `epoch`), and the sealed entry is re-epoched to it: an entry of this epoch at the
+        // seal's position (or a deleted prefix ending in one above it) means the seal took
+        // effect before. Repeated or late, it changes nothing: it must not truncate what the
+        // writer appended since, nor be judged against the marks those appends moved.
+        let epoch_here = if at.seq < meta.base.seq {
+            Some(meta.base.epoch)
+        } else if at.seq == meta.base.seq && at.seq != meta.last.seq {
+            Some(meta.base.epoch)
+        } else if at.seq == meta.last.seq {
+            Some(meta.last.epoch)
+        } else if at.seq < meta.last.seq {
+            epochs.epoch_at(at.seq)
+        } else {
+            None
+        };
+        let repeated = if self.sabotage.reseal_repeats {
+            at.seq == meta.last.seq && meta.last.epoch == epoch
+        } else {
+            epoch_here == Some(epoch)
+        };
+        if repeated {
+            return Decision::answer(Reply::Sealed);
+        }
         if at.seq < meta.lac || at.seq < meta.base.seq {
             // A recovered log always holds every acknowledged entry: sealing below one would
             // drop it. Refused, whatever the writer believes.
@@ -288,10 +315,6 @@ impl Rules {
             )));
         }
         let sealed = Position::new(at.seq, epoch);
-        if at.seq == meta.last.seq && meta.last.epoch == epoch {
-            // Sealed already (a repeated request): answered again, changing nothing.
-            return Decision::answer(Reply::Sealed);
-        }
         if !Self::holds(&meta, epochs, at) {
             return Decision::answer(Reply::Mismatch);
         }
@@ -471,6 +494,7 @@ mod tests {
         sabotage: Sabotage {
             accept_lower_epochs: false,
             no_fence: false,
+            reseal_repeats: false,
         },
     };
 
@@ -687,6 +711,54 @@ mod tests {
             config(),
         );
         assert_eq!(other.apply(decision), Reply::Mismatch);
+    }
+
+    #[test]
+    fn a_repeated_seal_keeps_what_its_writer_appended_since() {
+        let mut log = Log::default();
+        let (e1, e2) = (epoch(1), epoch(2));
+        append(&mut log, e1, Position::START, vec![entry(1, e1, 1)], 0);
+        let seal = |log: &Log, rules: &Rules| {
+            rules.seal::<u32>(log.meta.as_ref(), log, e2, Position::new(1, e1), config())
+        };
+        assert_eq!(log.apply(seal(&log, &RULES)), Reply::Sealed);
+        let after_seal = Position::new(1, e2);
+        append(&mut log, e2, after_seal, vec![entry(2, e2, 2)], 1);
+        append(&mut log, e2, Position::new(2, e2), vec![entry(3, e2, 3)], 2);
+        // The first seal again, late: nothing changes, and it is not judged against the
+        // acknowledged mark the later appends moved.
+        assert_eq!(log.apply(seal(&log, &RULES)), Reply::Sealed);
+        assert_eq!(log.values(), vec![1, 2, 3]);
+        assert_eq!(log.meta().last, Position::new(3, e2));
+        // Also once the writer deleted past the sealed entry.
+        log.apply(RULES.delete_to::<u32>(log.meta.as_ref(), &log, e2, 2));
+        assert_eq!(log.apply(seal(&log, &RULES)), Reply::Sealed);
+        assert_eq!(log.values(), vec![3]);
+        // A seal of another epoch below the acknowledged mark is refused.
+        let other = RULES.seal::<u32>(
+            log.meta.as_ref(),
+            &log,
+            epoch(3),
+            Position::new(1, e1),
+            config(),
+        );
+        assert!(matches!(log.apply(other), Reply::Invalid(_)));
+
+        // Sabotaged, the repeat truncates the writer's appends.
+        let sabotaged = Rules {
+            sabotage: Sabotage {
+                reseal_repeats: true,
+                ..Sabotage::default()
+            },
+        };
+        let mut log = Log::default();
+        let seal_start = |log: &Log| {
+            sabotaged.seal::<u32>(log.meta.as_ref(), log, e2, Position::START, config())
+        };
+        log.apply(seal_start(&log));
+        append(&mut log, e2, Position::new(0, e2), vec![entry(1, e2, 1)], 0);
+        log.apply(seal_start(&log));
+        assert!(log.values().is_empty());
     }
 
     #[test]

@@ -862,8 +862,14 @@ impl Simulation {
         } else {
             1
         };
-        for _ in 0..copies {
-            let delay = self.latency();
+        for copy in 0..copies {
+            let mut delay = self.latency();
+            if copy == 1 {
+                // A repeat is a request sent again after a timeout whose first copy was
+                // only late: it may arrive long after the first, past what followed it.
+                let (_, hi) = self.scenario.latency_ms;
+                delay += Duration::from_millis(self.rng.random_range(0..=hi * 4));
+            }
             self.schedule(
                 delay,
                 Event::Request {

@@ -1,7 +1,8 @@
 //! The replicated log's safety under faults: every scenario of ARCHITECTURE §5 over many
 //! seeds (1,000 by default; `TESSERA_SIM_SEEDS` for more or fewer), each run checked for
-//! every rule of §5 "Checks". Two sabotaged runs show that the checks catch a replica that
-//! takes writes from a fenced writer or promises without fencing.
+//! every rule of §5 "Checks". Sabotaged runs show that the checks catch a replica that takes
+//! writes from a fenced writer, promises without fencing, or lets a repeated seal truncate
+//! again.
 
 use std::time::Duration;
 use tessera_replication::replica::Sabotage;
@@ -231,6 +232,34 @@ fn promising_without_fencing_is_caught() {
         ..Sabotage::default()
     });
     assert!(caught > 0, "no seed showed the missing fence");
+}
+
+#[test]
+fn a_repeated_seal_that_truncates_again_is_caught() {
+    // Seals duplicated and delayed past the writer's next appends.
+    let scenario = Scenario {
+        latency_ms: (1, 40),
+        duplicate_probability: 0.5,
+        append_interval: Duration::from_millis(10),
+        faults: vec![
+            FaultKind::CrashWriter,
+            FaultKind::CrashWriter,
+            FaultKind::CrashWriter,
+        ],
+        sabotage: Sabotage {
+            reseal_repeats: true,
+            ..Sabotage::default()
+        },
+        ..base("sabotaged: repeated seals truncate")
+    };
+    let caught = (0..200)
+        .filter(|&seed| {
+            let mut sim = Simulation::new(scenario.clone(), seed);
+            sim.run();
+            !sim.check().is_empty()
+        })
+        .count();
+    assert!(caught > 0, "no seed showed the repeated seal's truncation");
 }
 
 /// Prints the trace of one seed of a scenario: `TESSERA_SIM_TRACE=<scenario test>:<seed>`.
