@@ -249,6 +249,12 @@ impl Rules {
                 if existing == Some(entry.epoch) {
                     continue;
                 }
+                if existing == Some(epoch) {
+                    // The entry here is this writer's own: the one its seal re-epoched (no
+                    // other of its entries has an older twin). The copy is an older message
+                    // of the same value, sent before the seal; taking it would undo the seal.
+                    continue;
+                }
                 // A different entry from another writer: the writer's log wins from here.
                 mutations.push(Mutation::TruncateFrom(entry.seq));
                 diverged = true;
@@ -281,26 +287,17 @@ impl Rules {
         if let Some(fenced) = self.fenced(&meta, epoch) {
             return Decision::answer(fenced);
         }
-        // Everything this writer's log holds above its sealed point is its own (epoch
-        // `epoch`), and the sealed entry is re-epoched to it: an entry of this epoch at the
-        // seal's position (or a deleted prefix ending in one above it) means the seal took
-        // effect before. Repeated or late, it changes nothing: it must not truncate what the
-        // writer appended since, nor be judged against the marks those appends moved.
-        let epoch_here = if at.seq < meta.base.seq {
-            Some(meta.base.epoch)
-        } else if at.seq == meta.base.seq && at.seq != meta.last.seq {
-            Some(meta.base.epoch)
-        } else if at.seq == meta.last.seq {
-            Some(meta.last.epoch)
-        } else if at.seq < meta.last.seq {
-            epochs.epoch_at(at.seq)
-        } else {
-            None
-        };
+        // Entries of a writer's epoch exist only once its seal took effect somewhere: the
+        // sealed entry is re-epoched to it, and everything it appends after carries it. A
+        // replica whose last entry has this epoch took the seal or a later write of this
+        // writer (a catch-up copy, which does not re-epoch the sealed entry here), and all
+        // it holds above the sealed point is this writer's: a copy of them replaced what
+        // conflicted. A seal arriving again, late, changes nothing: it must not truncate
+        // what the writer appended since, nor be judged against the marks those moved.
         let repeated = if self.sabotage.reseal_repeats {
             at.seq == meta.last.seq && meta.last.epoch == epoch
         } else {
-            epoch_here == Some(epoch)
+            meta.last.epoch == epoch
         };
         if repeated {
             return Decision::answer(Reply::Sealed);
@@ -351,7 +348,10 @@ impl Rules {
         if let Some(fenced) = self.fenced(&meta, epoch) {
             return Decision::answer(fenced);
         }
-        if base.seq <= meta.committed() {
+        // A replica holding this writer's own entries through `base` has what the install
+        // brings (it is an older message, sent before they were): nothing to replace.
+        let holds_writers_log = meta.last.epoch == epoch && base.seq <= meta.last.seq;
+        if base.seq <= meta.committed() || holds_writers_log {
             meta.promise = meta.promise.max(epoch);
             meta.take_config(epoch, Some(config));
             return Decision {
@@ -660,9 +660,14 @@ mod tests {
             Reply::Appended
         );
         assert_eq!(log.values(), vec![1, 2, 3]);
-        // A seal below the mark is refused.
-        let decision =
-            RULES.seal::<u32>(log.meta.as_ref(), &log, e2, Position::new(1, e1), config());
+        // A later writer's seal below the mark is refused.
+        let decision = RULES.seal::<u32>(
+            log.meta.as_ref(),
+            &log,
+            epoch(3),
+            Position::new(1, e1),
+            config(),
+        );
         assert!(matches!(log.apply(decision), Reply::Invalid(_)));
         assert_eq!(log.values(), vec![1, 2, 3]);
     }
@@ -744,6 +749,17 @@ mod tests {
         );
         assert!(matches!(log.apply(other), Reply::Invalid(_)));
 
+        // A replica that missed the seal but got the writer's next entries by a catch-up
+        // copy (after its acknowledged prefix, the sealed entry keeping its old epoch here):
+        // the late seal leaves them.
+        let mut log = Log::default();
+        append(&mut log, e1, Position::START, vec![entry(1, e1, 1)], 0);
+        append(&mut log, e1, Position::new(1, e1), Vec::new(), 1);
+        let copied = Position::new(1, Epoch::ZERO);
+        append(&mut log, e2, copied, vec![entry(2, e2, 2)], 1);
+        assert_eq!(log.apply(seal(&log, &RULES)), Reply::Sealed);
+        assert_eq!(log.values(), vec![1, 2]);
+
         // Sabotaged, the repeat truncates the writer's appends.
         let sabotaged = Rules {
             sabotage: Sabotage {
@@ -759,6 +775,27 @@ mod tests {
         append(&mut log, e2, Position::new(0, e2), vec![entry(1, e2, 1)], 0);
         log.apply(seal_start(&log));
         assert!(log.values().is_empty());
+    }
+
+    #[test]
+    fn an_older_copy_or_install_from_the_sealing_writer_does_not_undo_its_seal() {
+        let (e1, e2) = (epoch(1), epoch(2));
+        let mut log = Log::default();
+        append(&mut log, e1, Position::START, vec![entry(1, e1, 1)], 0);
+        append(&mut log, e1, Position::new(1, e1), vec![entry(2, e1, 2)], 0);
+        let seal = RULES.seal::<u32>(log.meta.as_ref(), &log, e2, Position::new(2, e1), config());
+        assert_eq!(log.apply(seal), Reply::Sealed);
+        // The copy the writer sent before sealing arrives late, with entry 2's old epoch.
+        let copy = vec![entry(1, e1, 1), entry(2, e1, 2)];
+        assert_eq!(append(&mut log, e2, Position::START, copy, 0), Reply::Appended);
+        assert_eq!(log.meta().last, Position::new(2, e2));
+        assert_eq!(log.entries[&2].epoch, e2);
+        append(&mut log, e2, Position::new(2, e2), vec![entry(3, e2, 3)], 1);
+        // So does an install it sent before: the writer's entries stay.
+        let install = RULES.install::<u32>(log.meta.as_ref(), e2, Position::new(2, e1), config());
+        assert_eq!(log.apply(install), Reply::Installed);
+        assert_eq!(log.values(), vec![1, 2, 3]);
+        assert_eq!(log.meta().last, Position::new(3, e2));
     }
 
     #[test]

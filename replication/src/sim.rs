@@ -46,6 +46,9 @@ pub struct Scenario {
     pub latency_ms: (u64, u64),
     pub drop_probability: f64,
     pub duplicate_probability: f64,
+    /// Probability that a request is held up past its writer's request timeout (a slow
+    /// disk, a long queue) and applied after the writer gave up on it.
+    pub slow_probability: f64,
     /// Faults at random times in the fault window, drawn per seed.
     pub faults: Vec<FaultKind>,
     /// How long the faulty part of the run lasts.
@@ -422,6 +425,7 @@ impl Simulation {
         }
         self.scenario.drop_probability = 0.0;
         self.scenario.duplicate_probability = 0.0;
+        self.scenario.slow_probability = 0.0;
         let settle = self.now + Duration::from_secs(6);
         self.run_until(settle, false);
         if self.scenario.check_caught_up {
@@ -864,6 +868,10 @@ impl Simulation {
         };
         for copy in 0..copies {
             let mut delay = self.latency();
+            if self.rng.random_bool(self.scenario.slow_probability) {
+                let timeout = self.settings.request_timeout.as_millis() as u64;
+                delay += Duration::from_millis(self.rng.random_range(timeout..=timeout * 4));
+            }
             if copy == 1 {
                 // A repeat is a request sent again after a timeout whose first copy was
                 // only late: it may arrive long after the first, past what followed it.

@@ -174,6 +174,21 @@ fn a_member_replaced_during_writes() {
     assert!(stats.final_config_version >= 3 * seeds(), "{stats:?}");
 }
 
+#[test]
+fn requests_applied_after_their_writer_gave_up_on_them() {
+    run(slow());
+}
+
+fn slow() -> Scenario {
+    Scenario {
+        latency_ms: (1, 20),
+        slow_probability: 0.2,
+        duplicate_probability: 0.02,
+        faults: vec![FaultKind::CrashWriter, FaultKind::Pause],
+        ..base("slow requests")
+    }
+}
+
 fn everything() -> Scenario {
     Scenario {
         nodes: 5,
@@ -288,6 +303,7 @@ fn trace_one_seed() {
             ..base("message loss, duplication, reordering")
         },
         "everything" => everything(),
+        "slow" => slow(),
         "moved" => Scenario {
             faults: vec![FaultKind::MoveNode],
             delete_probability: 0.03,

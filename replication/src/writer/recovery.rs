@@ -76,6 +76,8 @@ pub(crate) struct Recovery<P> {
     /// Locate requests out to find members whose address left the cluster (their node may
     /// have come back elsewhere with its store).
     locating: BTreeMap<RequestId, tessera_cluster::Address>,
+    /// Addresses whose Locate failed, asked again from the given time.
+    locate_again: BTreeMap<tessera_cluster::Address, Instant>,
 }
 
 impl<P: Payload> Recovery<P> {
@@ -95,6 +97,7 @@ impl<P: Payload> Recovery<P> {
             followers: BTreeMap::new(),
             sealed: BTreeSet::new(),
             locating: BTreeMap::new(),
+            locate_again: BTreeMap::new(),
         };
         for config in from.configs {
             recovery.add_config(ctx, config);
@@ -214,10 +217,14 @@ impl<P: Payload> Recovery<P> {
         response: Response<P>,
     ) -> Next<P> {
         if let Some(address) = self.locating.remove(&id) {
-            if let Response::Located { storage_id, .. } = response {
-                self.found_at(ctx, storage_id, address);
+            match response {
+                Response::Located { storage_id, .. } => self.found_at(ctx, storage_id, address),
+                _ => {
+                    self.locate_again
+                        .insert(address, ctx.now + ctx.settings.retry_interval);
+                }
             }
-            return Next::Stay;
+            return self.after_locating(ctx);
         }
         if let Target::Replica(member) = to
             && self.prepares.get(member) == Some(&Prepare::Waiting(id))
@@ -551,7 +558,9 @@ impl<P: Payload> Recovery<P> {
     }
 
     pub fn on_failure(&mut self, ctx: &mut Ctx<'_, P>, id: RequestId, to: &Target) -> Next<P> {
-        if self.locating.remove(&id).is_some() {
+        if let Some(address) = self.locating.remove(&id) {
+            self.locate_again
+                .insert(address, ctx.now + ctx.settings.retry_interval);
             return Next::Stay;
         }
         if let Target::Replica(member) = to
@@ -561,7 +570,7 @@ impl<P: Payload> Recovery<P> {
                 member.clone(),
                 Prepare::Retry(ctx.now + ctx.settings.retry_interval),
             );
-            return Next::Stay;
+            return self.after_locating(ctx);
         }
         if let Some(f) = self.followers.values_mut().find(|f| f.waits_for(id)) {
             f.on_failure(ctx.now, ctx.settings.retry_interval);
@@ -569,19 +578,37 @@ impl<P: Payload> Recovery<P> {
         Next::Stay
     }
 
-    pub fn on_lost(&mut self, ctx: &mut Ctx<'_, P>, id: RequestId, to: &Target) -> Next<P> {
-        let Target::Replica(member) = to else {
+    /// Once every member of the cluster outside the configurations has said which store it
+    /// runs, a member whose address left the cluster, did not answer there, and whose store
+    /// none runs is gone (its node came back empty elsewhere, or not at all): it is lost, as
+    /// a member whose address answers with another store is. (A node that left may still
+    /// run and answer at its old address: it is asked there until then.)
+    fn after_locating(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
+        if !self.locating.is_empty() || !self.locate_again.is_empty() {
             return Next::Stay;
-        };
-        let waited = self.prepares.get(member) == Some(&Prepare::Waiting(id))
-            || self.followers.get(member).is_some_and(|f| f.waits_for(id));
-        if !waited {
-            return self.on_failure(ctx, id, to);
         }
-        self.prepares.insert(member.clone(), Prepare::Lost);
-        if let Some(f) = self.followers.get_mut(member) {
-            f.state = FollowerState::Lost;
+        let gone: Vec<ReplicaId> = self
+            .prepares
+            .iter()
+            .filter(|(m, p)| {
+                matches!(p, Prepare::Retry(_))
+                    && !ctx.placement.members.contains(&m.address)
+                    && !self.seen_at.contains_key(&m.storage_id)
+            })
+            .map(|(m, _)| m.clone())
+            .collect();
+        if gone.is_empty() {
+            return Next::Stay;
         }
+        for member in gone {
+            self.prepares.insert(member, Prepare::Lost);
+        }
+        self.unless_quorum_possible(ctx)
+    }
+
+    /// When too few members are left to promise: take the log over again with a higher epoch
+    /// if later writers took some promises, or give up.
+    fn unless_quorum_possible(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
         if self.quorum_possible(ctx) {
             Next::Stay
         } else if self
@@ -606,7 +633,38 @@ impl<P: Payload> Recovery<P> {
         }
     }
 
+    pub fn on_lost(&mut self, ctx: &mut Ctx<'_, P>, id: RequestId, to: &Target) -> Next<P> {
+        let Target::Replica(member) = to else {
+            return Next::Stay;
+        };
+        let waited = self.prepares.get(member) == Some(&Prepare::Waiting(id))
+            || self.followers.get(member).is_some_and(|f| f.waits_for(id));
+        if !waited {
+            return self.on_failure(ctx, id, to);
+        }
+        self.prepares.insert(member.clone(), Prepare::Lost);
+        if let Some(f) = self.followers.get_mut(member) {
+            f.state = FollowerState::Lost;
+        }
+        self.unless_quorum_possible(ctx)
+    }
+
     pub fn tick(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
+        let again: Vec<tessera_cluster::Address> = self
+            .locate_again
+            .iter()
+            .filter(|(_, at)| **at <= ctx.now)
+            .map(|(a, _)| a.clone())
+            .collect();
+        for address in again {
+            self.locate_again.remove(&address);
+            if ctx.placement.members.contains(&address) {
+                let id = ctx.send(Target::Address(address.clone()), Request::Locate);
+                self.locating.insert(id, address);
+            } else if let next @ (Next::Stop(_) | Next::Recover(_)) = self.after_locating(ctx) {
+                return next;
+            }
+        }
         let retry: Vec<ReplicaId> = self
             .prepares
             .iter()
