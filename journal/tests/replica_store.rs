@@ -233,6 +233,56 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Requests for several logs sent together, unanswered: the writer thread takes them in
+    /// order and groups them into batches (a log changed at most once per batch). Each gets
+    /// the answer the model gives when they are applied one by one in that order.
+    #[test]
+    fn requests_for_many_logs_in_one_group_answer_as_one_by_one(
+        steps in proptest::collection::vec((0usize..3, step()), 1..80)
+    ) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = open(dir.path()).await;
+            let logs = ["account|a", "account|b", "account|c"];
+            let mut models: Vec<MemoryLog<StoredEvent>> = (0..3).map(|_| MemoryLog::default()).collect();
+            let rules = Rules::default();
+            let limits = ReadLimits { max_tail_entries: 1_000, max_bytes: 1 << 20 };
+            let mut counter = 0u8;
+            let mut sent = Vec::new();
+            for (log, step) in &steps {
+                if matches!(step, Step::Read { .. }) {
+                    // Reads do not go through the writer: they are not ordered with writes.
+                    continue;
+                }
+                let request = request(step, &models[*log], &mut counter);
+                let expected = models[*log].handle(&rules, request.clone(), limits);
+                let answer = journal.replica_apply(logs[*log], request.clone());
+                sent.push((answer, expected, request));
+            }
+            for (i, (answer, expected, request)) in sent.into_iter().enumerate() {
+                let actual = answer.await.unwrap();
+                prop_assert_eq!(normalise(actual), expected, "request {} {:?}", i, request);
+            }
+            for (log, model) in logs.iter().zip(&models) {
+                let whole = Request::Read { from: 0, to: u64::MAX, max_entries: 10_000, max_bytes: 1 << 30 };
+                let read = journal.replica_apply(log, whole.clone()).await.unwrap();
+                let mut model = MemoryLog { meta: model.meta.clone(), entries: model.entries.clone() };
+                prop_assert_eq!(normalise(read), model.handle(&rules, whole, limits));
+            }
+            journal.close().await;
+            Ok(())
+        })?;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_keeps_its_storage_id_and_a_new_one_gets_another() {
     let dir = tempfile::tempdir().unwrap();

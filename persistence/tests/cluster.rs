@@ -409,3 +409,113 @@ async fn on_rocksdb_stores_a_log_moves_between_nodes_with_its_tags_and_deletes()
         );
     }
 }
+
+/// The whole log as its writer on this node holds it, confirmed current: a node whose
+/// writer another took the log from (without its knowing yet) reads again after recovering.
+async fn current_payloads(journal: &dyn Journal, pid: &str) -> Vec<String> {
+    for _ in 0..10 {
+        let highest = journal.highest_sequence_nr(pid).await.unwrap();
+        let read = payloads(journal, pid).await;
+        if journal.confirm_writer(pid, highest).await.is_ok() {
+            return read;
+        }
+    }
+    panic!("{pid} could not be read and confirmed");
+}
+
+/// What writers on every node were told about their appends to one log.
+#[derive(Default)]
+struct Answers {
+    acknowledged: Vec<String>,
+    not_applied: Vec<String>,
+    unknown: Vec<String>,
+    inconsistent: Vec<String>,
+}
+
+/// Writers on every node append to four logs at once, each taking a log over from the others
+/// (an entity activated on several nodes, as before sharding places it once), the logs
+/// created together. Every append acknowledged is in its log once; none answered "not
+/// applied" is; the replicas never disagree about what was acknowledged.
+async fn dueling_writers(rocks: bool) {
+    let (_network, nodes) = cluster_on(3, settings(), rocks).await;
+    let answers = Arc::new(std::sync::Mutex::new(Answers::default()));
+    let end = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        for task in 0..4 {
+            let journal = node.persistence.journal.clone();
+            let answers = answers.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0;
+                while tokio::time::Instant::now() < end {
+                    i += 1;
+                    let text = format!("n{n}-t{task}-{i}");
+                    let pid = format!("duel-{task}");
+                    let result = match journal.highest_sequence_nr(&pid).await {
+                        Ok(highest) => journal.append(write(&pid, highest + 1, &text)).await,
+                        Err(e) => Err(e),
+                    };
+                    let mut answers = answers.lock().unwrap();
+                    match result {
+                        Ok(()) => answers.acknowledged.push(text),
+                        Err(e) if e.to_string().contains("inconsistent") => {
+                            answers.inconsistent.push(e.to_string())
+                        }
+                        Err(e) if e.is_not_applied() => answers.not_applied.push(text),
+                        Err(_) => answers.unknown.push(text),
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let answers = answers.lock().unwrap();
+    assert!(
+        answers.inconsistent.is_empty(),
+        "{:?}",
+        &answers.inconsistent[..answers.inconsistent.len().min(5)]
+    );
+    assert!(!answers.acknowledged.is_empty());
+    let mut seen = BTreeSet::new();
+    let mut log = Vec::new();
+    for task in 0..4 {
+        log.extend(
+            current_payloads(
+                nodes[0].persistence.journal.as_ref(),
+                &format!("duel-{task}"),
+            )
+            .await,
+        );
+    }
+    for text in &log {
+        assert!(seen.insert(text.clone()), "{text} is in the log twice");
+    }
+    for text in &answers.acknowledged {
+        assert!(seen.contains(text), "acknowledged {text} is not in the log");
+    }
+    for text in &answers.not_applied {
+        assert!(
+            !seen.contains(text),
+            "{text}, answered not applied, is in the log"
+        );
+    }
+    println!(
+        "{} acknowledged, {} not applied, {} unknown; the logs hold {}",
+        answers.acknowledged.len(),
+        answers.not_applied.len(),
+        answers.unknown.len(),
+        log.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dueling_writers_in_memory_stores() {
+    dueling_writers(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dueling_writers_on_rocksdb_stores() {
+    dueling_writers(true).await;
+}

@@ -787,7 +787,10 @@ mod tests {
         assert_eq!(log.apply(seal), Reply::Sealed);
         // The copy the writer sent before sealing arrives late, with entry 2's old epoch.
         let copy = vec![entry(1, e1, 1), entry(2, e1, 2)];
-        assert_eq!(append(&mut log, e2, Position::START, copy, 0), Reply::Appended);
+        assert_eq!(
+            append(&mut log, e2, Position::START, copy, 0),
+            Reply::Appended
+        );
         assert_eq!(log.meta().last, Position::new(2, e2));
         assert_eq!(log.entries[&2].epoch, e2);
         append(&mut log, e2, Position::new(2, e2), vec![entry(3, e2, 3)], 1);

@@ -221,6 +221,8 @@ pub struct Simulation {
     nodes: Vec<Node>,
     /// Nodes in the cluster (their order is the membership).
     members: BTreeSet<usize>,
+    /// Replicas lost so far (disks wiped, members removed).
+    losses: usize,
     /// Nodes that may still join.
     spares: Vec<usize>,
     /// The placement each node sees, rebuilt when membership changes.
@@ -303,6 +305,7 @@ impl Simulation {
         };
         let mut sim = Simulation {
             members: (0..scenario.nodes).collect(),
+            losses: 0,
             spares: (scenario.nodes..total).collect(),
             placements: Vec::new(),
             scenario,
@@ -532,7 +535,46 @@ impl Simulation {
         }
     }
 
+    /// Whether the log is on every member of its latest configuration, each holding all that
+    /// any replica acknowledged: losing one of them now loses no acknowledged entry.
+    fn log_is_whole(&self) -> bool {
+        let metas: Vec<(usize, &crate::replica::LogMeta)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.log.meta.as_ref().map(|m| (i, m)))
+            .collect();
+        let Some(config) = metas
+            .iter()
+            .filter_map(|(_, m)| m.config.as_ref())
+            .max_by_key(|c| c.rank())
+        else {
+            return true;
+        };
+        let committed = metas.iter().map(|(_, m)| m.committed()).max().unwrap_or(0);
+        config.config.all_members().iter().all(|member| {
+            metas.iter().any(|(i, m)| {
+                self.nodes[*i].storage_id == member.storage_id
+                    && self.members.contains(i)
+                    && m.last.seq >= committed
+            })
+        })
+    }
+
     fn start_fault(&mut self, kind: FaultKind) {
+        // The fault model: one replica lost at a time. A second loss (a disk, a member
+        // removed) comes only once the log is whole again, as an operator replaces one node
+        // at a time and waits for the data to move.
+        if matches!(kind, FaultKind::WipeReplica | FaultKind::ReplaceMember)
+            && self.losses > 0
+            && !self.log_is_whole()
+        {
+            self.note(|| format!("FAULT {kind:?} skipped: the log is not whole after a loss"));
+            return;
+        }
+        if matches!(kind, FaultKind::WipeReplica | FaultKind::ReplaceMember) {
+            self.losses += 1;
+        }
         self.note(|| format!("FAULT {kind:?}"));
         let members: Vec<usize> = self.members.iter().copied().collect();
         let pick = |rng: &mut SmallRng| members[rng.random_range(0..members.len())];
@@ -949,7 +991,11 @@ impl Simulation {
             self.stats.dropped += 1;
             return;
         }
-        let delay = self.latency();
+        let mut delay = self.latency();
+        if self.rng.random_bool(self.scenario.slow_probability) {
+            let timeout = self.settings.request_timeout.as_millis() as u64;
+            delay += Duration::from_millis(self.rng.random_range(timeout..=timeout * 4));
+        }
         self.schedule(
             delay,
             Event::Answer {

@@ -189,6 +189,14 @@ fn slow() -> Scenario {
     }
 }
 
+#[test]
+fn slow_requests_on_five_nodes_with_every_fault() {
+    run(Scenario {
+        slow_probability: 0.1,
+        ..everything()
+    });
+}
+
 fn everything() -> Scenario {
     Scenario {
         nodes: 5,
@@ -304,6 +312,10 @@ fn trace_one_seed() {
         },
         "everything" => everything(),
         "slow" => slow(),
+        "slow-everything" => Scenario {
+            slow_probability: 0.1,
+            ..everything()
+        },
         "moved" => Scenario {
             faults: vec![FaultKind::MoveNode],
             delete_probability: 0.03,

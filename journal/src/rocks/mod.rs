@@ -20,7 +20,6 @@ use keys::{CF_EVENTS, CF_META, CF_TAG_INDEX};
 use rocksdb::{BlockBasedOptions, ColumnFamilyDescriptor, DB, Options, SliceTransform};
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
-use tessera_replication::replica::LogMeta;
 use tessera_replication::{ConfigAt, Request, Response};
 use tessera_storage::{self as storage, FORMAT_VERSION_KEY, MAX_NAME_BYTES, name_excerpt};
 use tokio::sync::{oneshot, watch};
@@ -211,22 +210,14 @@ impl RocksJournal {
             } => {
                 let shared = self.shared.clone();
                 blocking(move || {
-                    // One snapshot, so that the entries and the state agree.
-                    let (entries, summary) = match replica::replica_of(&shared, &persistence_id)? {
-                        Some((pid_num, meta)) => (
-                            replica::read_entries(
-                                &shared,
-                                &persistence_id,
-                                pid_num,
-                                from.max(meta.base.seq + 1),
-                                to,
-                                max_entries as usize,
-                                (max_bytes as usize).min(replica::MAX_TAIL_BYTES),
-                            )?,
-                            meta.summary(),
-                        ),
-                        None => (Vec::new(), LogMeta::default().summary()),
-                    };
+                    let (entries, summary) = replica::read(
+                        &shared,
+                        &persistence_id,
+                        from,
+                        to,
+                        max_entries as usize,
+                        (max_bytes as usize).min(replica::MAX_TAIL_BYTES),
+                    )?;
                     Ok(Response::Entries { entries, summary })
                 })
             }

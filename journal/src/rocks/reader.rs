@@ -55,6 +55,16 @@ pub(crate) fn log_of(shared: &Shared, persistence_id: &str) -> Result<Option<Log
     read_log(persistence_id, |key| snapshot.get_pinned_cf(meta, key))
 }
 
+/// [`log_of`] as of `snapshot`.
+pub(crate) fn log_at(
+    shared: &Shared,
+    snapshot: &rocksdb::Snapshot<'_>,
+    persistence_id: &str,
+) -> Result<Option<Log>, JournalError> {
+    let meta = shared.cf(CF_META)?;
+    read_log(persistence_id, |key| snapshot.get_pinned_cf(meta, key))
+}
+
 /// Reads a log's records through `get`, of either store format.
 fn read_log<'db>(
     persistence_id: &str,

@@ -63,14 +63,54 @@ pub(crate) fn meta_of(
     pid_num: u64,
     state: LogState,
 ) -> Result<Option<LogMeta>, JournalError> {
-    match shared
+    let stored = shared
         .db
-        .get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(pid_num))?
-    {
-        Some(value) => decode_meta(&value).map(Some),
+        .get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(pid_num))?;
+    meta_from(stored.as_deref(), state)
+}
+
+fn meta_from(stored: Option<&[u8]>, state: LogState) -> Result<Option<LogMeta>, JournalError> {
+    match stored {
+        Some(value) => decode_meta(value).map(Some),
         None if state.highest > 0 => Ok(Some(legacy_meta(state))),
         None => Ok(None),
     }
+}
+
+/// A `Read`: entries `from..=to` above the deleted prefix (at most `max_entries` and, beyond
+/// the first, `max_bytes`) with the summary of the state they belong to. Both come from one
+/// snapshot of the database: the writer thread may truncate, re-append or delete between two
+/// reads, and entries of one state with the summary of another could pass a later writer's
+/// entries off as an earlier one's, or show a gap.
+pub(crate) fn read(
+    shared: &Shared,
+    persistence_id: &str,
+    from: u64,
+    to: u64,
+    max_entries: usize,
+    max_bytes: usize,
+) -> Result<(Vec<Entry<StoredEvent>>, LogSummary), JournalError> {
+    let snapshot = shared.db.snapshot();
+    let Some(log) = reader::log_at(shared, &snapshot, persistence_id)? else {
+        return Ok((Vec::new(), LogMeta::default().summary()));
+    };
+    let stored = snapshot.get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(log.pid_num))?;
+    let Some(meta) = meta_from(stored.as_deref(), log.state)? else {
+        return Ok((Vec::new(), LogMeta::default().summary()));
+    };
+    let mut options = rocksdb::ReadOptions::default();
+    options.set_snapshot(&snapshot);
+    let entries = entries_with(
+        shared,
+        options,
+        persistence_id,
+        log.pid_num,
+        from.max(meta.base.seq + 1),
+        to,
+        max_entries,
+        max_bytes,
+    )?;
+    Ok((entries, meta.summary()))
 }
 
 /// Looks entries' epochs up in the database.
@@ -106,11 +146,33 @@ pub(crate) fn read_entries(
     max_entries: usize,
     max_bytes: usize,
 ) -> Result<Vec<Entry<StoredEvent>>, JournalError> {
+    entries_with(
+        shared,
+        rocksdb::ReadOptions::default(),
+        persistence_id,
+        pid_num,
+        from,
+        to,
+        max_entries,
+        max_bytes,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn entries_with(
+    shared: &Shared,
+    mut options: rocksdb::ReadOptions,
+    persistence_id: &str,
+    pid_num: u64,
+    from: u64,
+    to: u64,
+    max_entries: usize,
+    max_bytes: usize,
+) -> Result<Vec<Entry<StoredEvent>>, JournalError> {
     if from > to || max_entries == 0 {
         return Ok(Vec::new());
     }
     let events = shared.cf(CF_EVENTS)?;
-    let mut options = rocksdb::ReadOptions::default();
     options.set_iterate_upper_bound(keys::pair_upper_bound(pid_num, to));
     let mut iter = shared.db.raw_iterator_cf_opt(events, options);
     iter.seek(pair_key(pid_num, from));

@@ -370,6 +370,9 @@ impl Writer {
                         std::mem::take(&mut accepted),
                         std::mem::take(&mut replicas),
                     );
+                    // Staged anew from the counters the commit left: a log or tag created in
+                    // the next batch must not get a number the last one gave out.
+                    staged = self.new_staged();
                     touched.clear();
                 }
                 touched.insert(pid.to_string());
