@@ -170,10 +170,7 @@ impl NodeArgs {
             snapshot_every: self.snapshot_every.as_deref().map(Into::into),
             passivate_after: self.passivate_after.as_deref().map(Into::into),
             entity_ask_timeout: self.entity_ask_timeout.as_deref().map(Into::into),
-            journal_replication_factor: self
-                .journal_replication_factor
-                .as_deref()
-                .map(Into::into),
+            journal_replication_factor: self.journal_replication_factor.as_deref().map(Into::into),
             journal_write_quorum: self.journal_write_quorum.as_deref().map(Into::into),
         }
     }

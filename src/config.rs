@@ -726,9 +726,11 @@ impl NodeConfig {
                 |k, v| parse_int(k, v, 1, MAX_REPLICATION_FACTOR).map(|n| n as u32),
             )?
             .unwrap_or(d.journal_replication_factor),
-            journal_write_quorum: opt(layer.journal_write_quorum, "journal_write_quorum", |k, v| {
-                parse_int(k, v, 1, MAX_REPLICATION_FACTOR).map(|n| n as u32)
-            })?
+            journal_write_quorum: opt(
+                layer.journal_write_quorum,
+                "journal_write_quorum",
+                |k, v| parse_int(k, v, 1, MAX_REPLICATION_FACTOR).map(|n| n as u32),
+            )?
             .unwrap_or(d.journal_write_quorum),
             host,
             http_host,
@@ -1125,7 +1127,10 @@ mod tests {
     fn the_journal_write_quorum_must_be_a_majority_of_the_replication_factor() {
         let config = from(&[]).unwrap();
         assert_eq!(
-            (config.journal_replication_factor, config.journal_write_quorum),
+            (
+                config.journal_replication_factor,
+                config.journal_write_quorum
+            ),
             (3, 2)
         );
         assert_eq!(

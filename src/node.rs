@@ -23,6 +23,8 @@ use tessera_ddata::node::{ReplicatorHandle, ReplicatorSettings, ReplicatorStartE
 use tessera_ddata::replicator::ReplicatorConfig;
 use tessera_entities::{EntityConfig, EntityHost, InvalidConfig};
 use tessera_journal::{FsyncPolicy, JournalConfig, JournalError, RocksJournal};
+use tessera_persistence::{Persistence, PersistenceSettings, RocksReplicaStore};
+use tessera_replication::{QuorumError, Quorums};
 use tessera_snapshot::{RocksSnapshotStore, SnapshotConfig, SnapshotError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -58,6 +60,8 @@ pub enum NodeError {
     Snapshots { path: String, source: SnapshotError },
     #[error("entities: {0}")]
     Entities(#[from] InvalidConfig),
+    #[error("journal replication: {0}")]
+    Quorums(QuorumError),
 }
 
 /// A started node.
@@ -70,6 +74,8 @@ pub struct RunningNode {
     pub http_address: SocketAddr,
     /// The entity types this node hosts.
     pub entities: Arc<EntityTypes>,
+    /// The replicated journal and snapshot store the entities use.
+    pub persistence: Arc<Persistence>,
     journal: Arc<RocksJournal>,
     http_shutdown: watch::Sender<bool>,
     http_task: JoinHandle<()>,
@@ -82,7 +88,12 @@ impl RunningNode {
     }
 
     /// Leaves the cluster gracefully and shuts everything down; returns why the node stopped.
+    ///
+    /// The entities stop first, while the node is still a member, so that the writes they
+    /// accepted reach their replicas; then the node leaves.
     pub async fn leave_and_stop(self, timeout: Duration) -> Option<StopReason> {
+        self.stop_http().await;
+        self.stop_entities().await;
         let reason = self.cluster.leave_and_stop(timeout).await;
         self.stop().await;
         reason
@@ -94,25 +105,53 @@ impl RunningNode {
         self.stop().await;
     }
 
-    async fn stop(self) {
-        // HTTP first, so no request is cut off by the services it uses stopping under it.
+    /// Stops taking HTTP requests and waits for the ones under way.
+    async fn stop_http(&self) {
         let _ = self.http_shutdown.send(true);
-        let _ = self.http_task.await;
-        self.replicator.stop().await;
-        self.transport.shutdown();
-        // No more HTTP requests: let the entities finish what they accepted, then release the
-        // journal (its writer finishes the queued writes) so the store closes cleanly.
+    }
+
+    /// Lets the entities finish what they accepted (their writes need the replicas, so this
+    /// runs while the transport and the membership are still up).
+    async fn stop_entities(&self) {
         if tokio::time::timeout(ENTITY_SHUTDOWN_TIMEOUT, self.entities.shutdown())
             .await
             .is_err()
         {
             tracing::warn!(
                 timeout = ?ENTITY_SHUTDOWN_TIMEOUT,
-                "entities did not stop in time; closing the journal anyway"
+                "entities did not stop in time; stopping the node anyway"
             );
         }
-        drop(self.entities);
-        match Arc::try_unwrap(self.journal) {
+    }
+
+    async fn stop(self) {
+        // HTTP first, so no request is cut off by the services it uses stopping under it.
+        self.stop_http().await;
+        self.stop_entities().await;
+        let RunningNode {
+            cluster: _,
+            transport,
+            replicator,
+            entities,
+            persistence,
+            journal,
+            http_task,
+            ..
+        } = self;
+        let _ = http_task.await;
+        drop(entities);
+        if let Ok(persistence) = Arc::try_unwrap(persistence) {
+            persistence.stop();
+        }
+        replicator.stop().await;
+        transport.shutdown();
+        // Release the journal (its writer finishes the queued writes) so the store closes
+        // cleanly, once the replica service's and the writers' last tasks let go of it.
+        let deadline = tokio::time::Instant::now() + ENTITY_SHUTDOWN_TIMEOUT;
+        while Arc::strong_count(&journal) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        match Arc::try_unwrap(journal) {
             Ok(journal) => journal.close().await,
             Err(_) => tracing::warn!("the journal is still in use; it closes when released"),
         }
@@ -189,8 +228,28 @@ pub fn entity_config(config: &NodeConfig, node_id: String) -> EntityConfig {
     }
 }
 
+/// The replicated journal's settings a node configuration implies: the quorums, and timeouts
+/// below the entities' ask timeout, so that a caller hears whether its command took effect
+/// rather than that the ask timed out.
+pub fn persistence_settings(config: &NodeConfig) -> Result<PersistenceSettings, NodeError> {
+    let quorums = Quorums::new(
+        config.journal_replication_factor as usize,
+        config.journal_write_quorum as usize,
+    )
+    .map_err(NodeError::Quorums)?;
+    let ask = config.entity_ask_timeout;
+    let mut settings = PersistenceSettings::default();
+    settings.writers.writer.quorums = quorums;
+    settings.writers.writer.request_timeout = (ask / 3).min(Duration::from_secs(2));
+    settings.writers.writer.operation_timeout = ask * 3 / 4;
+    settings.writers.writer.recovery_timeout = ask * 3 / 4;
+    // A write must fit a transport frame, with room for the message around it.
+    settings.max_write_bytes = (config.max_frame_size / 2).max(1024);
+    Ok(settings)
+}
+
 /// Opens the journal (`<data_dir>/journal`) and snapshot store (`<data_dir>/snapshots`),
-/// both fsyncing every acknowledged write.
+/// both fsyncing every acknowledged write: this node's replicas.
 async fn open_stores(
     config: &NodeConfig,
 ) -> Result<(Arc<RocksJournal>, Arc<RocksSnapshotStore>), NodeError> {
@@ -239,11 +298,19 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         replicator_settings(config),
     )
     .await?;
+    let persistence = Arc::new(Persistence::start(
+        transport.clone(),
+        cluster.watch(),
+        RocksReplicaStore::new(journal.clone()),
+        snapshots,
+        journal.clone(),
+        persistence_settings(config)?,
+    )?);
     let mut entities = EntityTypes::new();
     entities.register(EntityHost::start(
         Account,
-        journal.clone(),
-        snapshots,
+        persistence.journal.clone(),
+        persistence.snapshots.clone(),
         entity_config(config, cluster.self_node().to_string()),
     )?);
     let entities = Arc::new(entities);
@@ -265,10 +332,12 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         transport: transport.clone(),
         replicator: replicator.clone(),
         entities: entities.clone(),
+        persistence: persistence.clone(),
     });
     let (http_shutdown, mut shutdown_rx) = watch::channel(false);
-    let services =
-        http::ddata::router(replicator.clone()).merge(http::entities::router(entities.clone()));
+    let services = http::ddata::router(replicator.clone())
+        .merge(http::entities::router(entities.clone()))
+        .merge(http::journal::router(persistence.journal.clone()));
     let router = http::router(control, services);
     let http_task = tokio::spawn(async move {
         let shutdown = async move {
@@ -284,6 +353,7 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         replicator,
         http_address,
         entities,
+        persistence,
         journal,
         http_shutdown,
         http_task,
@@ -382,6 +452,7 @@ struct NodeControl {
     transport: Arc<TcpTransport>,
     replicator: ReplicatorHandle,
     entities: Arc<EntityTypes>,
+    persistence: Arc<Persistence>,
 }
 
 impl NodeControl {
@@ -481,6 +552,8 @@ impl ClusterControl for NodeControl {
                 .into_iter()
                 .map(|(name, stats)| (name.to_string(), stats))
                 .collect(),
+            responses_wrong_peer_total: transport.responses_wrong_peer,
+            journal: self.persistence.metrics.snapshot(),
         }
     }
 }

@@ -17,13 +17,17 @@ const DEPOSITS: u64 = 1_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Starts a single node on loopback with its state in `data`.
+/// Starts a single node on loopback with its state in `data`: a cluster of one, its own seed
+/// (entities live on the replicated journal of a cluster member).
 async fn start(dir: &Path, data: &Path, run: usize, extra: &[&str]) -> NodeProcess {
+    let port = free_port();
     let mut args: Vec<String> = [
         "--host",
         "127.0.0.1",
         "--port",
-        &free_port().to_string(),
+        &port.to_string(),
+        "--seed",
+        &format!("127.0.0.1:{port}"),
         "--http-port",
         "0",
         "--data-dir",
@@ -35,9 +39,27 @@ async fn start(dir: &Path, data: &Path, run: usize, extra: &[&str]) -> NodeProce
     .map(|s| s.to_string())
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
-    demo::spawn_node(exe(), run, &args, dir.join(format!("node-{run}.log")))
+    let node = demo::spawn_node(exe(), run, &args, dir.join(format!("node-{run}.log")))
         .await
-        .expect("node starts")
+        .expect("node starts");
+    wait_ready(node.http).await;
+    node
+}
+
+/// Waits until the node is an Up member (it joins itself as its own seed).
+async fn wait_ready(http: SocketAddr) {
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        let ready = http_client::get(http, "/health/ready", Duration::from_secs(5)).await;
+        if ready.is_ok_and(|r| r.status == 200) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{http} never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn command(http: SocketAddr, id: &str, body: &str) -> HttpResponse {

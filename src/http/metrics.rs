@@ -7,6 +7,7 @@ use axum::response::IntoResponse;
 use std::fmt::Write;
 use tessera_cluster::MemberStatus;
 use tessera_entities::HostStats;
+use tessera_persistence::PersistenceMetricsSnapshot;
 
 /// Content type of the Prometheus text format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -61,6 +62,10 @@ pub struct NodeMetrics {
     pub ddata_durable_failures_total: u64,
     /// Lifecycle counters of each hosted entity type, by type name.
     pub entity_types: Vec<(String, HostStats)>,
+    /// Responses dropped because they came from another peer than the one asked.
+    pub responses_wrong_peer_total: u64,
+    /// The replicated journal's counters.
+    pub journal: PersistenceMetricsSnapshot,
 }
 
 /// Refused connections by reason (the `reason` label).
@@ -104,6 +109,24 @@ impl<'a> Family<'a> {
     fn sample(mut self, labels: &str, value: u64) -> Self {
         self.samples.push((labels.to_string(), value));
         self
+    }
+
+    /// A histogram family: cumulative buckets (`le` in seconds), then `_sum` and `_count`.
+    fn write_histogram(
+        out: &mut String,
+        name: &str,
+        help: &str,
+        histogram: &tessera_persistence::HistogramSnapshot,
+    ) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (bound_us, count) in &histogram.buckets {
+            let le = *bound_us as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {count}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", histogram.count);
+        let _ = writeln!(out, "{name}_sum {}", histogram.sum_us as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {}", histogram.count);
     }
 
     fn write(&self, out: &mut String) {
@@ -282,11 +305,67 @@ pub fn render_prometheus(metrics: &NodeMetrics) -> String {
         live,
         started,
         handed_over,
+        Family::counter(
+            "tessera_transport_responses_wrong_peer_total",
+            "Responses dropped because another peer than the one asked sent them.",
+            metrics.responses_wrong_peer_total,
+        ),
+        Family::new(
+            "tessera_journal_appends_total",
+            "counter",
+            "Replicated appends by outcome: acknowledged by a write quorum, not applied \
+             (refused before anything was sent), unknown (sent, not acknowledged).",
+        )
+        .sample(
+            "outcome=\"acknowledged\"",
+            metrics.journal.appends_acknowledged,
+        )
+        .sample(
+            "outcome=\"not_applied\"",
+            metrics.journal.appends_not_applied,
+        )
+        .sample("outcome=\"unknown\"", metrics.journal.appends_unknown),
+        Family::counter(
+            "tessera_journal_recoveries_total",
+            "Log writers started: each fenced its log and recovered it.",
+            metrics.journal.recoveries,
+        ),
+        Family::counter(
+            "tessera_journal_fenced_total",
+            "Log writers stopped because a later writer fenced them.",
+            metrics.journal.fenced,
+        ),
+        Family::counter(
+            "tessera_journal_refused_writes_total",
+            "Writes refused because their writer had been fenced.",
+            metrics.journal.refused_fenced,
+        ),
+        Family::counter(
+            "tessera_journal_repaired_entries_total",
+            "Entries copied to replicas that lacked them (repairs and catch-ups).",
+            metrics.journal.entries_copied,
+        ),
+        Family::counter(
+            "tessera_journal_reconfigurations_total",
+            "Configuration changes completed: logs moved off members that left, or grown to N.",
+            metrics.journal.reconfigurations,
+        ),
+        Family::gauge(
+            "tessera_journal_writers",
+            "Log writers this node runs now.",
+            metrics.journal.writers,
+        ),
     ];
-    let mut out = String::with_capacity(4096);
+    let mut out = String::with_capacity(8192);
     for family in &families {
         family.write(&mut out);
     }
+    Family::write_histogram(
+        &mut out,
+        "tessera_journal_append_latency_seconds",
+        "Time from a replicated append's call to its acknowledgement.",
+        &metrics.journal.append_latency,
+    );
     out
 }
 

@@ -8,6 +8,7 @@
 pub mod ddata;
 pub mod entities;
 mod health;
+pub mod journal;
 mod members;
 mod metrics;
 

@@ -14,6 +14,17 @@ pub fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tessera"))
 }
 
+/// A directory for one test's nodes, removed afterwards unless `TESSERA_KEEP_TEST_DIRS` is
+/// set (then its path is printed, for reading the node logs of a failed run).
+pub fn test_dir() -> tempfile::TempDir {
+    let mut dir = tempfile::tempdir().expect("tempdir");
+    if std::env::var_os("TESSERA_KEEP_TEST_DIRS").is_some() {
+        dir.disable_cleanup(true);
+        println!("test directory kept: {}", dir.path().display());
+    }
+    dir
+}
+
 /// A port that was free a moment ago (the OS picks it), for nodes that must know their seed's
 /// address before it starts.
 pub fn free_port() -> u16 {
