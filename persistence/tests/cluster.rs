@@ -471,7 +471,7 @@ async fn dueling_writers(rocks: bool) {
     for task in tasks {
         task.await.unwrap();
     }
-    let answers = answers.lock().unwrap();
+    let answers = std::mem::take(&mut *answers.lock().unwrap());
     assert!(
         answers.inconsistent.is_empty(),
         "{:?}",
