@@ -396,7 +396,7 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    assert_eq!(names.len(), 25);
+    assert_eq!(names.len(), 34);
     for name in &names {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         assert!(name.starts_with("tessera_"), "{name}");
@@ -405,9 +405,10 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         }
     }
     let samples = text.lines().filter(|l| !l.starts_with('#')).count();
-    // 7 statuses + 3 refusal reasons + 20 single-sample families; the entity families have
-    // one sample per hosted type, and there are none here.
-    assert_eq!(samples, 7 + 3 + 20);
+    // 7 statuses + 3 refusal reasons + 3 append outcomes + 27 single-sample families + the
+    // latency histogram's +Inf bucket, sum and count (no finer buckets without samples); the
+    // entity families have one sample per hosted type, and there are none here.
+    assert_eq!(samples, 7 + 3 + 3 + 27 + 3);
 }
 
 #[tokio::test]
