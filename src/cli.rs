@@ -246,6 +246,10 @@ pub struct BenchJournalArgs {
     /// Run only the append or only the replay workloads.
     #[arg(long, value_enum, value_name = "KIND")]
     pub only: Option<JournalWorkloadKind>,
+    /// The replicated journal of a three-node cluster (loopback TCP, N = 3, W = 2) against the
+    /// local journal, instead of the local journal against RocksDB.
+    #[arg(long, conflicts_with = "only")]
+    pub replicated: bool,
     /// Directory for the benchmark's databases (created, then removed) [default: a fresh
     /// directory in the system temp dir]. Put it on the disk you want to measure.
     #[arg(long, value_name = "DIR")]
@@ -510,6 +514,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        match parse(&["bench", "journal", "--replicated", "--quick"]).command {
+            Command::Bench(BenchCommand::Journal(a)) => assert!(a.replicated && a.quick),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            Cli::try_parse_from([
+                "tessera",
+                "bench",
+                "journal",
+                "--replicated",
+                "--only",
+                "append"
+            ])
+            .is_err()
+        );
         assert!(Cli::try_parse_from(["tessera", "bench", "journal", "--only", "scan"]).is_err());
         assert!(Cli::try_parse_from(["tessera", "bench"]).is_err());
     }

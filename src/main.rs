@@ -79,6 +79,20 @@ async fn run(cli: Cli) -> ExitCode {
             let dir = args.dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("tessera-bench-journal-{}", std::process::id()))
             });
+            if args.replicated {
+                let params = if args.quick {
+                    tessera::bench::replicated::ReplicatedBenchParams::quick(dir)
+                } else {
+                    tessera::bench::replicated::ReplicatedBenchParams::full(dir)
+                };
+                return match tessera::bench::replicated::run(params, args.json).await {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("error: bench journal --replicated failed: {e}");
+                        ExitCode::FAILURE
+                    }
+                };
+            }
             let mut params = if args.quick {
                 tessera::bench::journal::JournalBenchParams::quick(dir)
             } else {

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod ddata;
 pub mod entities;
 pub mod journal;
+pub mod replicated;
 
 use serde::Serialize;
 
