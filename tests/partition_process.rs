@@ -27,20 +27,19 @@
 
 mod common;
 
+use common::deposits::{Answer, balances, check_bounds, workload};
 use common::{SECRET, exe, test_dir, wait_views};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::demo::{self, NodeProcess, View};
-use tessera::http_client::{self, HttpResponse};
+use tessera::http_client;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::{Mutex, oneshot};
+use tokio::sync::oneshot;
 
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const WORKLOAD: Duration = Duration::from_secs(20);
 /// When the workload's cut starts and ends, from the workload's start.
 const CUT_AT: Duration = Duration::from_secs(5);
@@ -696,180 +695,6 @@ async fn partition(
     report.healed_at = healed_at;
     report.probes = Some(probes);
     report
-}
-
-// ---------------------------------------------------------------------------------------------
-// The workload (as in replicated_process.rs)
-
-async fn command(http: SocketAddr, id: &str, body: &str) -> HttpResponse {
-    match http_client::request(
-        http,
-        "POST",
-        &format!("/entities/account/{id}"),
-        Some(body),
-        REQUEST_TIMEOUT,
-    )
-    .await
-    {
-        Ok(response) => response,
-        Err(e) => HttpResponse {
-            status: 0,
-            body: e.to_string(),
-        },
-    }
-}
-
-/// The balance read through `http` (a confirmed read), retried while the node answers 503.
-async fn balance(http: SocketAddr, id: &str) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let response = command(http, id, r#"{"get": null}"#).await;
-        if response.status == 200 {
-            return response.json().expect("JSON")["balance"]
-                .as_u64()
-                .expect("balance");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no balance of {id} from {http}: {} {}",
-            response.status,
-            response.body
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// What the deposits to one account were answered.
-#[derive(Default, Debug, Clone, Copy)]
-struct Tally {
-    ok: u64,
-    unknown: u64,
-    not_applied: u64,
-}
-
-/// Checks an answer is 200 or an error that says whether it took effect, and counts it.
-fn count(tally: &mut Tally, response: &HttpResponse) {
-    match response.status {
-        200 => tally.ok += 1,
-        504 => {
-            assert_outcome(response, "unknown");
-            tally.unknown += 1;
-        }
-        503 => {
-            assert_outcome(response, "not_applied");
-            tally.not_applied += 1;
-        }
-        // No connection: nothing reached an entity. Any other failure to get an answer (a
-        // timeout, a connection cut mid-request) may follow a delivered request.
-        0 if response.body.contains("onnection refused") => tally.not_applied += 1,
-        0 => tally.unknown += 1,
-        other => panic!("unexpected answer {other}: {}", response.body),
-    }
-}
-
-fn assert_outcome(response: &HttpResponse, outcome: &str) {
-    let json = response
-        .json()
-        .unwrap_or_else(|| panic!("error without a JSON body: {}", response.body));
-    assert_eq!(json["outcome"], outcome, "{}", response.body);
-    assert!(
-        json["error"].as_str().is_some_and(|e| !e.is_empty()),
-        "{}",
-        response.body
-    );
-}
-
-fn check_bounds(tallies: &BTreeMap<String, Tally>, balances: &BTreeMap<String, u64>) {
-    for (id, tally) in tallies {
-        let balance = balances[id];
-        println!("{id}: balance {balance}, {tally:?}");
-        assert!(
-            balance >= tally.ok && balance <= tally.ok + tally.unknown,
-            "{id}: balance {balance} outside [{}, {}] ({tally:?})",
-            tally.ok,
-            tally.ok + tally.unknown
-        );
-    }
-}
-
-/// One answer: the node asked, when the deposit was sent and answered (from the workload's
-/// start), its status (0: no answer) and error.
-#[derive(Debug, Clone)]
-struct Answer {
-    node: usize,
-    sent: Duration,
-    answered: Duration,
-    status: u16,
-    error: Option<String>,
-}
-
-/// 64 callers deposit into 10 accounts through random nodes from `start` for `duration`;
-/// returns the answers per account, and every answer.
-async fn workload(
-    nodes: Vec<SocketAddr>,
-    start: Instant,
-    duration: Duration,
-) -> (BTreeMap<String, Tally>, Vec<Answer>) {
-    let tallies: Arc<Mutex<BTreeMap<String, Tally>>> = Arc::default();
-    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
-    let end = start + duration;
-    let mut callers = Vec::new();
-    for caller in 0..64u64 {
-        let nodes = nodes.clone();
-        let tallies = tallies.clone();
-        let answers = answers.clone();
-        callers.push(tokio::spawn(async move {
-            let mut seed = caller.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
-            while Instant::now() < end {
-                let id = format!("acct-{}", next() % 10);
-                let node = (next() % nodes.len() as u64) as usize;
-                let sent = start.elapsed();
-                let response = command(nodes[node], &id, r#"{"deposit": 1}"#).await;
-                let mut tallies = tallies.lock().await;
-                count(tallies.entry(id).or_default(), &response);
-                drop(tallies);
-                let error = match response.status {
-                    200 => None,
-                    0 => Some(response.body.clone()),
-                    _ => response
-                        .json()
-                        .and_then(|j| j["error"].as_str().map(str::to_string)),
-                };
-                answers.lock().await.push(Answer {
-                    node,
-                    sent,
-                    answered: start.elapsed(),
-                    status: response.status,
-                    error,
-                });
-                if response.status == 0 {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }));
-    }
-    for caller in callers {
-        caller.await.expect("caller");
-    }
-    let tallies = tallies.lock().await.clone();
-    let total: u64 = tallies.values().map(|t| t.ok).sum();
-    println!("{total} deposits acknowledged in {duration:?}");
-    let answers = answers.lock().await.clone();
-    (tallies, answers)
-}
-
-async fn balances(http: SocketAddr, tallies: &BTreeMap<String, Tally>) -> BTreeMap<String, u64> {
-    let mut balances = BTreeMap::new();
-    for id in tallies.keys() {
-        balances.insert(id.clone(), balance(http, id).await);
-    }
-    balances
 }
 
 /// Prints the answers per node to deposits sent before, during and after the cut: statuses,

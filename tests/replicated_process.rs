@@ -11,17 +11,14 @@
 
 mod common;
 
+use common::deposits::{Tally, balance, balances, check_bounds, command, count, workload};
 use common::{SECRET, exe, free_port, test_dir, wait_views};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::demo::{self, NodeProcess};
-use tessera::http_client::{self, HttpResponse};
-use tokio::sync::Mutex;
 
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The arguments of node `i` of a cluster whose nodes are all seeds (a restarted first seed
@@ -83,98 +80,6 @@ async fn wait_up(nodes: &[&NodeProcess], count: usize) {
     .await;
 }
 
-async fn command(http: SocketAddr, id: &str, body: &str) -> HttpResponse {
-    match http_client::request(
-        http,
-        "POST",
-        &format!("/entities/account/{id}"),
-        Some(body),
-        REQUEST_TIMEOUT,
-    )
-    .await
-    {
-        Ok(response) => response,
-        // A node that is down or paused does not answer: nothing reached an entity.
-        Err(e) => HttpResponse {
-            status: 0,
-            body: e.to_string(),
-        },
-    }
-}
-
-/// The balance read through `http` (a confirmed read), retried while the node answers 503.
-async fn balance(http: SocketAddr, id: &str) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let response = command(http, id, r#"{"get": null}"#).await;
-        if response.status == 200 {
-            return response.json().expect("JSON")["balance"]
-                .as_u64()
-                .expect("balance");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no balance of {id} from {http}: {} {}",
-            response.status,
-            response.body
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// What the deposits to one account were answered.
-#[derive(Default, Debug, Clone, Copy)]
-struct Tally {
-    ok: u64,
-    unknown: u64,
-    not_applied: u64,
-}
-
-/// Checks an answer is 200 or an error that says whether it took effect, and counts it.
-fn count(tally: &mut Tally, response: &HttpResponse) {
-    match response.status {
-        200 => tally.ok += 1,
-        504 => {
-            assert_outcome(response, "unknown");
-            tally.unknown += 1;
-        }
-        503 => {
-            assert_outcome(response, "not_applied");
-            tally.not_applied += 1;
-        }
-        // No connection (a stopped node): nothing reached an entity. Any other failure to get
-        // an answer (a timeout, a connection cut mid-request) may follow a delivered request.
-        0 if response.body.contains("onnection refused") => tally.not_applied += 1,
-        0 => tally.unknown += 1,
-        other => panic!("unexpected answer {other}: {}", response.body),
-    }
-}
-
-fn assert_outcome(response: &HttpResponse, outcome: &str) {
-    let json = response
-        .json()
-        .unwrap_or_else(|| panic!("error without a JSON body: {}", response.body));
-    assert_eq!(json["outcome"], outcome, "{}", response.body);
-    assert!(
-        json["error"].as_str().is_some_and(|e| !e.is_empty()),
-        "{}",
-        response.body
-    );
-}
-
-fn check_bounds(tallies: &BTreeMap<String, Tally>, balances: &BTreeMap<String, u64>) {
-    for (id, tally) in tallies {
-        let balance = balances[id];
-        println!("{id}: balance {balance}, {tally:?}");
-        assert!(
-            balance >= tally.ok && balance <= tally.ok + tally.unknown,
-            "{id}: balance {balance} outside [{}, {}] ({tally:?})",
-            tally.ok,
-            tally.ok + tally.unknown
-        );
-    }
-}
-
 async fn kill(node: &mut NodeProcess) {
     node.child.start_kill().expect("SIGKILL");
     let _ = tokio::time::timeout(EXIT_TIMEOUT, node.child.wait()).await;
@@ -182,6 +87,7 @@ async fn kill(node: &mut NodeProcess) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deposits_through_one_node_survive_its_sigkill() {
+    let _serial = common::one_at_a_time().await;
     let dir = test_dir();
     let (_ports, mut nodes) = three_nodes(dir.path(), &[]).await;
     let mut requests = Vec::new();
@@ -200,59 +106,13 @@ async fn deposits_through_one_node_survive_its_sigkill() {
     assert_eq!(balance(nodes[2].http, "alice").await, 1_000);
 }
 
-/// 64 callers deposit into 10 accounts through random nodes for `duration`, while `during`
-/// does something to the cluster; returns the answers per account.
-async fn workload(nodes: Vec<SocketAddr>, duration: Duration) -> BTreeMap<String, Tally> {
-    let tallies: Arc<Mutex<BTreeMap<String, Tally>>> = Arc::default();
-    let end = Instant::now() + duration;
-    let mut callers = Vec::new();
-    for caller in 0..64u64 {
-        let nodes = nodes.clone();
-        let tallies = tallies.clone();
-        callers.push(tokio::spawn(async move {
-            let mut seed = caller.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
-            while Instant::now() < end {
-                let id = format!("acct-{}", next() % 10);
-                let http = nodes[(next() % nodes.len() as u64) as usize];
-                let response = command(http, &id, r#"{"deposit": 1}"#).await;
-                let mut tallies = tallies.lock().await;
-                count(tallies.entry(id).or_default(), &response);
-                drop(tallies);
-                if response.status == 0 {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }));
-    }
-    for caller in callers {
-        caller.await.expect("caller");
-    }
-    let tallies = tallies.lock().await.clone();
-    let total: u64 = tallies.values().map(|t| t.ok).sum();
-    println!("{total} deposits acknowledged in {duration:?}");
-    tallies
-}
-
-async fn balances(http: SocketAddr, tallies: &BTreeMap<String, Tally>) -> BTreeMap<String, u64> {
-    let mut balances = BTreeMap::new();
-    for id in tallies.keys() {
-        balances.insert(id.clone(), balance(http, id).await);
-    }
-    balances
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_deposits_through_every_node_are_neither_lost_nor_doubled() {
+    let _serial = common::one_at_a_time().await;
     let dir = test_dir();
     let (_ports, nodes) = three_nodes(dir.path(), &[]).await;
     let https: Vec<SocketAddr> = nodes.iter().map(|n| n.http).collect();
-    let tallies = workload(https.clone(), Duration::from_secs(20)).await;
+    let (tallies, _) = workload(https.clone(), Instant::now(), Duration::from_secs(20)).await;
     assert!(tallies.values().map(|t| t.ok).sum::<u64>() > 0);
     // Read through every node: each read is confirmed current.
     for http in &https {
@@ -262,6 +122,7 @@ async fn concurrent_deposits_through_every_node_are_neither_lost_nor_doubled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_that_resumes_applies_no_stale_state() {
+    let _serial = common::one_at_a_time().await;
     let dir = test_dir();
     // Paused for seconds only: the others must not down it meanwhile.
     let (_ports, nodes) = three_nodes(dir.path(), &["--stable-after", "120s"]).await;
@@ -300,6 +161,7 @@ async fn a_paused_node_that_resumes_applies_no_stale_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_of_three_down_nothing_is_acknowledged_and_all_comes_back() {
+    let _serial = common::one_at_a_time().await;
     let dir = test_dir();
     // The split-brain resolver must not down the lone survivor before the others are back.
     let (ports, mut nodes) = three_nodes(dir.path(), &["--stable-after", "120s"]).await;

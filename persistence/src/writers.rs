@@ -243,18 +243,20 @@ impl Actor {
         let mut membership_open = true;
         loop {
             tokio::select! {
+                // A change of membership first: a command sent once the node was seen Up
+                // must find it Up here too.
                 biased;
-                Some(answer) = answers.recv() => self.on_answer(answer),
-                command = commands.recv() => match command {
-                    Some(command) => self.on_command(command),
-                    None => break,
-                },
                 changed = membership.changed(), if membership_open => match changed {
                     Ok(()) => {
                         let snapshot = membership.borrow_and_update().clone();
                         self.on_membership(&snapshot);
                     }
                     Err(_) => membership_open = false,
+                },
+                Some(answer) = answers.recv() => self.on_answer(answer),
+                command = commands.recv() => match command {
+                    Some(command) => self.on_command(command),
+                    None => break,
                 },
                 _ = tick.tick() => self.on_tick(),
             }

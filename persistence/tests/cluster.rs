@@ -519,3 +519,30 @@ async fn dueling_writers_in_memory_stores() {
 async fn dueling_writers_on_rocksdb_stores() {
     dueling_writers(true).await;
 }
+
+/// A log no member knows is created only once membership has converged: a first use while it
+/// has not waits for it (within the recovery timeout) rather than failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_log_waits_for_membership_to_converge() {
+    let (_network, nodes) = cluster(3).await;
+    for node in &nodes {
+        node.membership.send_modify(|s| s.converged = false);
+    }
+    let journal = nodes[0].persistence.journal.clone();
+    let first_use = tokio::spawn(async move { journal.highest_sequence_nr("log-new").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !first_use.is_finished(),
+        "created before membership converged"
+    );
+    for node in &nodes {
+        node.membership.send_modify(|s| s.converged = true);
+    }
+    assert_eq!(first_use.await.unwrap().unwrap(), 0);
+    let a = nodes[0].persistence.journal.clone();
+    a.append(write("log-new", 1, "e1")).await.unwrap();
+    assert_eq!(
+        payloads(nodes[1].persistence.journal.as_ref(), "log-new").await,
+        ["e1"]
+    );
+}

@@ -1,6 +1,8 @@
 //! Helpers for tests that run real `tessera node` processes on 127.0.0.1.
 #![allow(dead_code)]
 
+pub mod deposits;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,6 +14,14 @@ pub const SECRET: &str = "multi-process-test-secret";
 
 pub fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tessera"))
+}
+
+/// Held by a test for its whole run, so that the multi-node tests of one binary run one
+/// after another: three node processes each on two cores are load enough, and an answer
+/// that times out under the load of other tests' nodes says nothing about the test's own.
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
 }
 
 /// A directory for one test's nodes, removed afterwards unless `TESSERA_KEEP_TEST_DIRS` is

@@ -26,6 +26,9 @@ pub(crate) struct Locating {
     storage: BTreeMap<Address, u64>,
     silent: BTreeSet<Address>,
     seen: Epoch,
+    /// No member knows the log, and membership had not converged: it is asked again once
+    /// it has (until the recovery times out).
+    awaiting_convergence: bool,
 }
 
 impl Locating {
@@ -38,6 +41,7 @@ impl Locating {
             storage: BTreeMap::new(),
             silent: BTreeSet::new(),
             seen: Epoch::ZERO,
+            awaiting_convergence: false,
         };
         let n = ctx.settings.quorums.replication_factor();
         let mut first: Vec<Address> = ctx.placement.preference.iter().take(n).cloned().collect();
@@ -171,11 +175,9 @@ impl Locating {
             )));
         }
         if !ctx.placement.converged {
-            return Next::Stop(StopReason::Unavailable(
-                "the log is not known to any member, and cluster membership is changing: it \
-                 is created once membership has converged"
-                    .to_string(),
-            ));
+            // Another node may be placing the log at this moment on a view of its own.
+            self.awaiting_convergence = true;
+            return Next::Stay;
         }
         let n = ctx.settings.quorums.replication_factor();
         let mut members = Vec::new();
@@ -201,6 +203,28 @@ impl Locating {
             seen: self.seen,
             seen_at: self.seen_at(),
         })
+    }
+
+    /// Time passed: once membership has converged, a log no member knew is looked for again
+    /// (members may have come or gone meanwhile), then created if still unknown.
+    pub fn tick<P>(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
+        if !self.awaiting_convergence || !ctx.placement.converged {
+            return Next::Stay;
+        }
+        let (fresh, next) = Locating::start(ctx);
+        *self = fresh;
+        next
+    }
+
+    /// What it waits for, for an error message.
+    pub fn describe(&self) -> String {
+        if self.awaiting_convergence {
+            "the log is not known to any member, and cluster membership did not converge \
+             (it is created once membership has converged)"
+                .to_string()
+        } else {
+            "locating the log".to_string()
+        }
     }
 
     /// Where each store answered from.

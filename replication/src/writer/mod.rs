@@ -606,6 +606,7 @@ impl<P: Payload> LogWriter<P> {
         {
             let detail = match &self.phase {
                 Phase::Recovering(r) => r.describe_missing(),
+                Phase::Locating(l) => l.describe(),
                 _ => "locating the log".to_string(),
             };
             let reason = format!(
@@ -616,7 +617,8 @@ impl<P: Payload> LogWriter<P> {
             return;
         }
         let next = self.dispatch(now, |phase, ctx| match phase {
-            Phase::Locating(_) | Phase::Stopped(_) => Next::Stay,
+            Phase::Stopped(_) => Next::Stay,
+            Phase::Locating(l) => l.tick(ctx),
             Phase::Recovering(r) => r.tick(ctx),
             Phase::Serving(s) => s.tick(ctx),
         });
