@@ -101,6 +101,38 @@ async fn deposits_through_one_node_survive_its_sigkill() {
         let response = request.await.expect("task");
         assert_eq!(response.status, 200, "{}", response.body);
     }
+    // An operator's view of the log from another node: three members, at least W = 2
+    // replicas holding all 1,000 events.
+    let view = tessera::http_client::get(
+        nodes[1].http,
+        "/journal/account%7Calice",
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("GET /journal");
+    assert_eq!(view.status, 200, "{}", view.body);
+    let view = view.json().expect("JSON");
+    assert_eq!(
+        view["config"]["members"].as_array().map(Vec::len),
+        Some(3),
+        "{view}"
+    );
+    let holding = view["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .filter(|r| {
+            r["highest_sequence_nr"]
+                .as_u64()
+                .is_some_and(|h| h >= 1_000)
+        })
+        .count();
+    assert!(holding >= 2, "{view}");
+    let too_long = format!("/journal/{}", "x".repeat(2_000));
+    let invalid = tessera::http_client::get(nodes[1].http, &too_long, Duration::from_secs(10))
+        .await
+        .expect("GET /journal");
+    assert_eq!(invalid.status, 400, "{}", invalid.body);
     kill(&mut nodes[0]).await;
     assert_eq!(balance(nodes[1].http, "alice").await, 1_000);
     assert_eq!(balance(nodes[2].http, "alice").await, 1_000);
