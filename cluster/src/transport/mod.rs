@@ -74,6 +74,10 @@ pub mod services {
     pub const REPLICATOR: ServiceId = 3;
     /// The replicated journal and snapshot store: a node's replica store.
     pub const JOURNAL_REPLICA: ServiceId = 4;
+    /// Cluster singletons: the hand-over between managers and the proxies' requests.
+    pub const SINGLETON: ServiceId = 5;
+    /// Cluster sharding: the coordinator, the regions and their shards.
+    pub const SHARDING: ServiceId = 6;
 }
 
 /// Which outbound queue a message waits in. Control traffic (heartbeats, membership) is always
