@@ -238,7 +238,7 @@ mod tests {
     }
 
     fn arb_lane() -> impl Strategy<Value = Lane> {
-        prop_oneof![Just(Lane::Control), Just(Lane::Bulk)]
+        prop_oneof![Just(Lane::Control), Just(Lane::Bulk), Just(Lane::Quorum)]
     }
 
     fn arb_remote_error() -> impl Strategy<Value = RemoteError> {
@@ -352,6 +352,20 @@ mod tests {
             error: RemoteError::UnknownService { service: 7 },
         };
         assert_eq!(&encode(&error_response).unwrap()[..], &[1, 6, 1, 0, 7]);
+    }
+
+    #[test]
+    fn lanes_keep_their_encoding_and_quorum_comes_last() {
+        // Version byte, Request's variant index, service, then the lane's variant index.
+        for (lane, index) in [(Lane::Control, 0), (Lane::Bulk, 1), (Lane::Quorum, 2)] {
+            let request = Frame::Request {
+                service: 3,
+                lane,
+                correlation_id: 1,
+                payload: Bytes::new(),
+            };
+            assert_eq!(&encode(&request).unwrap()[..], &[1, 4, 3, index, 1, 0]);
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! An in-process network of transports with injectable link faults, for deterministic tests.
 //!
-//! Each [`MemoryTransport`] behaves like the TCP one — bounded control/bulk queues per peer
-//! drained control-first by one task per directed link, frames encoded and size-checked, the
+//! Each [`MemoryTransport`] behaves like the TCP one — bounded lane queues per peer drained in
+//! lane order (control, quorum, bulk) by one task per directed link, frames encoded and size-checked, the
 //! same service dispatch and request handling — but delivery is a function call into the
 //! receiving transport. The fault for each message is decided when it is sent, by
 //! [`LinkFaults`]; a delay is applied by the link task, which keeps the link's order.
@@ -172,7 +172,7 @@ impl MemoryTransport {
         self.links.close(&self.endpoint);
     }
 
-    /// Moves frames from this node to `to`, control first, honouring each frame's delay. The
+    /// Moves frames from this node to `to` in lane order, honouring each frame's delay. The
     /// receiver is looked up per frame, so a restarted incarnation at `to` gets later frames.
     async fn run_link(self: Arc<Self>, to: Address, mut queues: LaneReceivers<Queued>) {
         let shutdown = self.endpoint.shutdown.clone();

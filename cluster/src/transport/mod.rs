@@ -2,9 +2,9 @@
 //!
 //! [`Transport`] is what the protocol layers code against. [`tcp::TcpTransport`] is the real
 //! implementation (length-delimited frames, authenticated handshake, one outbound connection per
-//! peer with a control lane that never waits behind bulk data); [`memory::MemoryNetwork`] is an
-//! in-process network with the same semantics plus link faults, for deterministic tests. One test
-//! suite runs against both.
+//! peer whose control and quorum lanes never wait behind bulk data, see [`Lane`]);
+//! [`memory::MemoryNetwork`] is an in-process network with the same semantics plus link faults,
+//! for deterministic tests. One test suite runs against both.
 //!
 //! Delivery is at-most-once and ordered per (sender, receiver, lane). Every queue is bounded and
 //! a full queue drops the message and counts it; nothing waits for a slow peer.
@@ -80,12 +80,25 @@ pub mod services {
     pub const SHARDING: ServiceId = 6;
 }
 
-/// Which outbound queue a message waits in. Control traffic (heartbeats, membership) is always
-/// written before any waiting bulk data, so a replication backlog cannot make a node look dead.
+/// Which outbound queue a message waits in. A peer's writer always takes the next message from
+/// the first non-empty lane in the order Control, Quorum, Bulk: heartbeats and membership are
+/// never behind anything, so a backlog cannot make a node look dead; quorum reads, writes and
+/// their answers are never behind bulk data (anti-entropy, deltas, journal copies), so a
+/// caller waiting for a quorum does not wait for megabytes of background transfer.
+///
+/// Ordering is per lane: messages on different lanes to one peer may overtake each other.
+///
+/// A request's lane travels in [`frame::Frame::Request`] (its answer comes back on it): new
+/// lanes go at the end, so the existing ones keep their encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Lane {
+    /// Heartbeats and membership: small, and late means "unreachable".
     Control,
+    /// Background data: anything large or that can wait.
     Bulk,
+    /// Requests a caller waits on for a quorum (reads, writes, their acknowledgements), which
+    /// must not wait behind bulk data. Written after Control, before Bulk.
+    Quorum,
 }
 
 /// A message delivered to a registered service.
@@ -365,6 +378,11 @@ pub struct TransportConfig {
     pub control_queue_capacity: usize,
     /// Outbound bulk-lane queue per peer.
     pub bulk_queue_capacity: usize,
+    /// Outbound quorum-lane queue per peer, in messages. Every quorum read or write a node
+    /// has in flight puts one message per peer here (and each answer one on the way back), so
+    /// it bounds the burst of quorum operations a node can start at once; a full queue drops
+    /// the message like the other lanes, and the operation times out.
+    pub quorum_queue_capacity: usize,
     pub connect_timeout: Duration,
     /// First wait after a failed connection attempt; doubles up to `reconnect_backoff_max`.
     pub reconnect_backoff_min: Duration,
@@ -386,6 +404,7 @@ impl Default for TransportConfig {
             max_frame_size_bytes: 4 * 1024 * 1024,
             control_queue_capacity: 1024,
             bulk_queue_capacity: 4096,
+            quorum_queue_capacity: 4096,
             connect_timeout: Duration::from_secs(5),
             reconnect_backoff_min: Duration::from_millis(100),
             reconnect_backoff_max: Duration::from_secs(5),
@@ -409,6 +428,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("max_frame_size_bytes", &self.max_frame_size_bytes)
             .field("control_queue_capacity", &self.control_queue_capacity)
             .field("bulk_queue_capacity", &self.bulk_queue_capacity)
+            .field("quorum_queue_capacity", &self.quorum_queue_capacity)
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_backoff_min", &self.reconnect_backoff_min)
             .field("reconnect_backoff_max", &self.reconnect_backoff_max)
@@ -446,6 +466,7 @@ impl TransportConfig {
         for (field, value) in [
             ("control_queue_capacity", self.control_queue_capacity),
             ("bulk_queue_capacity", self.bulk_queue_capacity),
+            ("quorum_queue_capacity", self.quorum_queue_capacity),
             ("max_inbound_connections", self.max_inbound_connections),
             ("max_pending_requests", self.max_pending_requests),
         ] {

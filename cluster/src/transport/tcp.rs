@@ -29,8 +29,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::codec::Framed;
 use tracing::{debug, warn};
 
-/// Frames written before one flush: batches syscalls under load, bounds the time a control
-/// message waits behind frames already taken from the queues.
+/// Frames written before one flush: batches syscalls under load, bounds the time a control or
+/// quorum message waits behind frames already taken from the queues.
 const WRITE_BATCH_FRAMES_MAX: usize = 64;
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
@@ -246,7 +246,8 @@ impl TcpTransport {
     }
 
     /// Owns the outbound connection to one peer: connects (with backoff), writes queued frames
-    /// control-first, and reconnects when the connection fails. Runs until shutdown.
+    /// in lane order (control, quorum, bulk), and reconnects when the connection fails. Runs
+    /// until shutdown.
     async fn run_writer(self: Arc<Self>, peer: Address, mut queues: LaneReceivers<Bytes>) {
         let shutdown = self.endpoint.shutdown.clone();
         let mut backoff = self.config.reconnect_backoff_min;
@@ -298,7 +299,7 @@ impl TcpTransport {
         }
     }
 
-    /// Writes `first` and whatever else is ready (control first, bounded), then flushes once.
+    /// Writes `first` and whatever else is ready (in lane order, bounded), then flushes once.
     async fn write_batch(
         &self,
         connection: &mut Connection,

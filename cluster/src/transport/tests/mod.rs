@@ -117,26 +117,26 @@ pub(super) async fn one_way_messages_arrive_in_order_per_pair<H: Harness>(h: &H)
     let a = h.node(1, test_config()).await;
     let b = h.node(2, test_config()).await;
     let mut rx = b.register(SERVICE, 2000).unwrap();
+    const LANES: [Lane; 3] = [Lane::Bulk, Lane::Control, Lane::Quorum];
+    let lane_of = |i: u32| LANES[i as usize % LANES.len()];
     for i in 0..1000 {
-        let lane = if i % 2 == 0 {
-            Lane::Bulk
-        } else {
-            Lane::Control
-        };
-        // Alternate lanes but keep each lane's sequence: order is promised per lane.
-        a.send(&b.local().address, SERVICE, lane, n(i)).unwrap();
+        // Rotate lanes but keep each lane's sequence: order is promised per lane.
+        a.send(&b.local().address, SERVICE, lane_of(i), n(i))
+            .unwrap();
     }
-    let (mut control, mut bulk) = (Vec::new(), Vec::new());
+    let mut per_lane: [Vec<u32>; 3] = Default::default();
     for _ in 0..1000 {
         let inbound = recv(&mut rx).await;
         assert_eq!(&inbound.from, a.local());
         assert_eq!(inbound.service, SERVICE);
         assert!(inbound.reply.is_none());
         let i = u32::from_be_bytes(inbound.payload[..].try_into().unwrap());
-        if i % 2 == 0 { &mut bulk } else { &mut control }.push(i);
+        per_lane[i as usize % LANES.len()].push(i);
     }
-    assert_eq!(bulk, (0..1000).step_by(2).collect::<Vec<_>>());
-    assert_eq!(control, (1..1000).step_by(2).collect::<Vec<_>>());
+    for (index, received) in per_lane.iter().enumerate() {
+        let sent: Vec<u32> = (0..1000).filter(|i| *i as usize % 3 == index).collect();
+        assert_eq!(received, &sent, "{:?} lane", LANES[index]);
+    }
     let sent = a.metrics().snapshot();
     assert_eq!(sent.send_dropped_queue_full, 0);
     assert!(sent.frames_out >= 1000, "{sent:?}");
@@ -147,7 +147,7 @@ pub(super) async fn request_gets_its_response<H: Harness>(h: &H) {
     let a = h.node(1, test_config()).await;
     let b = h.node(2, test_config()).await;
     spawn_echo(b.register(ECHO, 16).unwrap());
-    for lane in [Lane::Control, Lane::Bulk] {
+    for lane in [Lane::Control, Lane::Bulk, Lane::Quorum] {
         let answer = a
             .request(
                 &b.local().address,
@@ -316,6 +316,36 @@ pub(super) async fn control_message_overtakes_bulk_backlog<H: Harness>(h: &H) {
         control_position < BULK,
         "control message arrived at position {control_position}, after the whole bulk backlog"
     );
+}
+
+pub(super) async fn quorum_message_is_not_delayed_behind_bulk_backlog<H: Harness>(h: &H) {
+    const BULK: u32 = 2000;
+    const QUORUM: u32 = u32::MAX - 1;
+    const CONTROL: u32 = u32::MAX;
+    let a = h.node(1, test_config()).await;
+    let b = h.node(2, test_config()).await;
+    let mut rx = b.register(SERVICE, 4000).unwrap();
+    let to = b.local().address.clone();
+    // Warm up so the connection exists and the queues below hold everything there is to send.
+    a.send(&to, SERVICE, Lane::Control, n(CONTROL)).unwrap();
+    assert_eq!(recv(&mut rx).await.payload, n(CONTROL));
+
+    // Queued without an await in between, so the peer's writer sees all of it at once: a bulk
+    // backlog, then a quorum message, then a control message.
+    for i in 0..BULK {
+        a.send(&to, SERVICE, Lane::Bulk, n(i)).unwrap();
+    }
+    a.send(&to, SERVICE, Lane::Quorum, n(QUORUM)).unwrap();
+    a.send(&to, SERVICE, Lane::Control, n(CONTROL)).unwrap();
+    let mut arrived = Vec::new();
+    for _ in 0..BULK + 2 {
+        let payload = recv(&mut rx).await.payload;
+        arrived.push(u32::from_be_bytes(payload[..].try_into().unwrap()));
+    }
+    // The writer takes control, then quorum, then bulk: neither of the two queued last waits
+    // behind a single bulk frame, and the bulk backlog keeps its order.
+    assert_eq!(arrived[..2], [CONTROL, QUORUM], "first arrivals");
+    assert_eq!(arrived[2..], (0..BULK).collect::<Vec<_>>()[..]);
 }
 
 pub(super) async fn restarted_peer_is_reached_at_the_same_address<H: Harness>(h: &H) {
@@ -662,6 +692,7 @@ macro_rules! transport_suite {
             full_service_queue_drops_and_counts,
             oversize_payload_is_refused_at_send,
             control_message_overtakes_bulk_backlog,
+            quorum_message_is_not_delayed_behind_bulk_backlog,
             restarted_peer_is_reached_at_the_same_address,
             shutdown_fails_pending_requests_with_closed,
             late_answer_for_a_previous_incarnation_does_not_complete_a_new_request,

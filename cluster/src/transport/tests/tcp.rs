@@ -224,4 +224,13 @@ async fn invalid_config_names_the_field() {
         err.to_string(),
         "invalid transport config: bulk_queue_capacity=0 (expected at least 1)"
     );
+    let config = TransportConfig {
+        quorum_queue_capacity: 0,
+        ..test_config()
+    };
+    let err = TcpTransport::bind(config, 1).await.err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "invalid transport config: quorum_queue_capacity=0 (expected at least 1)"
+    );
 }
