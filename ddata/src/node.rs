@@ -246,6 +246,26 @@ impl ReplicatorHandle {
     }
 }
 
+/// The transport lane of a message: quorum reads and writes, their answers and read repairs
+/// travel on [`Lane::Quorum`], so a caller waiting for a quorum never waits behind
+/// anti-entropy or deltas (up to `max_message_bytes` each), which stay on [`Lane::Bulk`].
+/// Messages of different lanes may overtake each other; the Replicator relies on no order
+/// between them (states merge in any order, deltas carry their own sequence numbers).
+fn lane_of(message: &ReplicatorMessage) -> Lane {
+    match message {
+        ReplicatorMessage::Read { .. }
+        | ReplicatorMessage::ReadResult { .. }
+        | ReplicatorMessage::Write { .. }
+        | ReplicatorMessage::WriteAck { .. }
+        | ReplicatorMessage::WriteNack { .. } => Lane::Quorum,
+        ReplicatorMessage::Deltas { .. }
+        | ReplicatorMessage::DeltaGap { .. }
+        | ReplicatorMessage::Status { .. }
+        | ReplicatorMessage::ChunkKeys { .. }
+        | ReplicatorMessage::Gossip { .. } => Lane::Bulk,
+    }
+}
+
 /// Now, on tokio's clock (which tests can pause and advance).
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
@@ -486,7 +506,7 @@ impl<T: Transport> Driver<T> {
                     };
                     if self
                         .transport
-                        .send(&to, services::REPLICATOR, Lane::Bulk, bytes)
+                        .send(&to, services::REPLICATOR, lane_of(&message), bytes)
                         .is_err()
                     {
                         self.counters.send_failures.fetch_add(1, Ordering::Relaxed);
@@ -561,6 +581,71 @@ impl<T: Transport> Driver<T> {
                     command: Command::Unsubscribe { key, subscriber },
                 },
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replicator::ChunkKeyList;
+
+    #[test]
+    fn quorum_traffic_takes_the_quorum_lane_and_anti_entropy_the_bulk_lane() {
+        let (op, incarnation, key) = (1, 2, "k".to_string());
+        let quorum = [
+            ReplicatorMessage::Read {
+                op,
+                incarnation,
+                key: key.clone(),
+            },
+            ReplicatorMessage::ReadResult {
+                op,
+                incarnation,
+                key: key.clone(),
+                envelope: None,
+            },
+            ReplicatorMessage::Write {
+                op,
+                incarnation,
+                key: key.clone(),
+                envelope: DataEnvelope::deleted(),
+            },
+            ReplicatorMessage::WriteAck { op, incarnation },
+            ReplicatorMessage::WriteNack {
+                op,
+                incarnation,
+                reason: String::new(),
+            },
+        ];
+        let bulk = [
+            ReplicatorMessage::Deltas {
+                incarnation,
+                deltas: Vec::new(),
+            },
+            ReplicatorMessage::DeltaGap {
+                keys: vec![key.clone()],
+            },
+            ReplicatorMessage::Status { chunks: Vec::new() },
+            ReplicatorMessage::ChunkKeys {
+                chunks: vec![ChunkKeyList {
+                    chunk: 0,
+                    keys: Vec::new(),
+                }],
+                more: false,
+            },
+            ReplicatorMessage::Gossip {
+                entries: vec![(key, DataEnvelope::deleted())],
+                send_back: Vec::new(),
+                reply_expected: false,
+                more: false,
+            },
+        ];
+        for message in &quorum {
+            assert_eq!(lane_of(message), Lane::Quorum, "{message:?}");
+        }
+        for message in &bulk {
+            assert_eq!(lane_of(message), Lane::Bulk, "{message:?}");
         }
     }
 }

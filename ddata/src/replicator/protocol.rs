@@ -1,6 +1,8 @@
 //! Messages between Replicators, one-way on the transport's `replicator` service. Replies
 //! name the operation they answer (`op`), so the state machine matches them to its pending
-//! reads and writes without the transport's request/response machinery.
+//! reads and writes without the transport's request/response machinery. The driver sends the
+//! quorum messages (reads, writes and their answers) on the transport's quorum lane and the
+//! anti-entropy and delta messages on its bulk lane.
 
 use crate::codec;
 use crate::envelope::{DataEnvelope, PruningState};
