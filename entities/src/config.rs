@@ -33,20 +33,20 @@ pub struct EntityConfig {
     /// Commands an entity holds while it recovers or persists; one more fails with
     /// [`EntityError::StashFull`](crate::EntityError::StashFull).
     pub stash_capacity: usize,
-    /// Tasks the host routes through, by a stable hash of the entity id: more shards spread
+    /// Tasks the host routes through, by a stable hash of the entity id: more partitions spread
     /// routing over more cores.
-    pub host_shards: usize,
-    /// Commands queued per host shard; one more fails with
+    pub host_partitions: usize,
+    /// Commands queued per host partition; one more fails with
     /// [`EntityError::HostBusy`](crate::EntityError::HostBusy).
     pub host_queue_capacity: usize,
-    /// Names this node in the writer id stored with every event (with the shard and the
+    /// Names this node in the writer id stored with every event (with the partition and the
     /// incarnation), so an event can be traced to the incarnation that wrote it.
     pub node_id: String,
 }
 
 impl Default for EntityConfig {
     /// Snapshots every 100 events (keep 2, events kept), passivation after 2 minutes idle,
-    /// 5 s ask timeout, mailboxes of 1,024, stashes of 4,096, 16 host shards of 4,096.
+    /// 5 s ask timeout, mailboxes of 1,024, stashes of 4,096, 16 host partitions of 4,096.
     fn default() -> Self {
         EntityConfig {
             snapshot_every: 100,
@@ -56,7 +56,7 @@ impl Default for EntityConfig {
             ask_timeout: Duration::from_secs(5),
             mailbox_capacity: 1_024,
             stash_capacity: 4_096,
-            host_shards: 16,
+            host_partitions: 16,
             host_queue_capacity: 4_096,
             node_id: "local".to_string(),
         }
@@ -70,7 +70,7 @@ impl EntityConfig {
             ("keep_snapshots", self.keep_snapshots as usize),
             ("mailbox_capacity", self.mailbox_capacity),
             ("stash_capacity", self.stash_capacity),
-            ("host_shards", self.host_shards),
+            ("host_partitions", self.host_partitions),
             ("host_queue_capacity", self.host_queue_capacity),
         ];
         for (key, value) in at_least_one {
@@ -78,10 +78,10 @@ impl EntityConfig {
                 return Err(format!("entity {key} = 0: must be at least 1"));
             }
         }
-        if self.host_shards > 4_096 {
+        if self.host_partitions > 4_096 {
             return Err(format!(
-                "entity host_shards = {}: must be at most 4096",
-                self.host_shards
+                "entity host_partitions = {}: must be at most 4096",
+                self.host_partitions
             ));
         }
         if self.ask_timeout.is_zero() {

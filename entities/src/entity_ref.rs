@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 /// stays valid across passivations (it names the entity, not an incarnation).
 pub struct EntityRef<E: EntityType> {
     id: EntityId,
-    shard: mpsc::Sender<Deliver<E>>,
-    shard_capacity: usize,
+    partition: mpsc::Sender<Deliver<E>>,
+    partition_capacity: usize,
     timeout: Duration,
 }
 
@@ -22,8 +22,8 @@ impl<E: EntityType> Clone for EntityRef<E> {
     fn clone(&self) -> Self {
         EntityRef {
             id: self.id.clone(),
-            shard: self.shard.clone(),
-            shard_capacity: self.shard_capacity,
+            partition: self.partition.clone(),
+            partition_capacity: self.partition_capacity,
             timeout: self.timeout,
         }
     }
@@ -32,14 +32,14 @@ impl<E: EntityType> Clone for EntityRef<E> {
 impl<E: EntityType> EntityRef<E> {
     pub(crate) fn new(
         id: EntityId,
-        shard: mpsc::Sender<Deliver<E>>,
-        shard_capacity: usize,
+        partition: mpsc::Sender<Deliver<E>>,
+        partition_capacity: usize,
         timeout: Duration,
     ) -> Self {
         EntityRef {
             id,
-            shard,
-            shard_capacity,
+            partition,
+            partition_capacity,
             timeout,
         }
     }
@@ -68,7 +68,7 @@ impl<E: EntityType> EntityRef<E> {
     ) -> impl Future<Output = Result<E::Reply, AskError<E::Rejection>>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
         let sent = self
-            .shard
+            .partition
             .try_send(Deliver {
                 id: self.id.clone(),
                 envelope: Envelope { command, reply },
@@ -76,7 +76,7 @@ impl<E: EntityType> EntityRef<E> {
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => EntityError::HostBusy {
                     entity: self.id.persistence_id(E::TYPE_NAME),
-                    capacity: self.shard_capacity,
+                    capacity: self.partition_capacity,
                 },
                 mpsc::error::TrySendError::Closed(_) => EntityError::ShuttingDown,
             });

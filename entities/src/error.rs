@@ -11,9 +11,9 @@ pub enum EntityError {
     /// The entity id is empty, too long or contains control characters.
     #[error("invalid entity id {id:?}: {reason}")]
     InvalidId { id: String, reason: String },
-    /// The host shard's queue is full. Nothing was delivered; retry later.
+    /// The host partition's queue is full. Nothing was delivered; retry later.
     #[error(
-        "the entity host is overloaded ({capacity} commands queued for {entity}'s shard); retry later"
+        "the entity host is overloaded ({capacity} commands queued for {entity}'s partition); retry later"
     )]
     HostBusy { entity: String, capacity: usize },
     /// The entity's mailbox is full. Nothing was delivered; retry later.

@@ -1,17 +1,17 @@
 //! The entity host: routes commands to the one live incarnation of each entity id on this
 //! node, starting it on demand.
 //!
-//! Routing is spread over `host_shards` tasks by a stable hash of the id, so no single task or
-//! lock sits on every command. Each shard task owns a map id → slot:
+//! Routing is spread over `host_partitions` tasks by a stable hash of the id, so no single task or
+//! lock sits on every command. Each partition task owns a map id → slot:
 //!
 //! - `Live`: the incarnation's mailbox sender. A command is `try_send`-ed (a full mailbox is
 //!   [`EntityError::MailboxFull`] for that caller).
 //! - `Stopping`: the incarnation closed its mailbox (idle passivation, a stop effect, a
-//!   failure) but has not finished yet. The shard learns this from the closed mailbox handing
+//!   failure) but has not finished yet. The partition learns this from the closed mailbox handing
 //!   the command back, and holds such commands (bounded by `mailbox_capacity`).
 //!
 //! An incarnation that finished reports `Stopped` with the commands it did not handle; the
-//! shard then starts the next incarnation with those followed by the held ones, in arrival
+//! partition then starts the next incarnation with those followed by the held ones, in arrival
 //! order. So at most one incarnation per id is ever live on the node, and no command is lost
 //! across a passivation. A handler that panics ends its incarnation the same way (its callers
 //! get [`EntityError::Stopped`]).
@@ -33,7 +33,7 @@ use tessera_snapshot::SnapshotStore;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-/// A command for entity `id`, as queued to its shard.
+/// A command for entity `id`, as queued to its partition.
 pub(crate) struct Deliver<E: EntityType> {
     pub id: EntityId,
     pub envelope: Envelope<E>,
@@ -46,7 +46,7 @@ struct Stopped<E: EntityType> {
     leftovers: Vec<Envelope<E>>,
 }
 
-/// Bound of a shard's queue of `Stopped` reports. Entities await a free place (the shard never
+/// Bound of a partition's queue of `Stopped` reports. Entities await a free place (the partition never
 /// waits on an entity, so it always drains this queue); each sends one report per incarnation.
 const STOPPED_QUEUE_CAPACITY: usize = 1_024;
 
@@ -74,14 +74,14 @@ struct Counters {
 pub struct EntityHost<E: EntityType> {
     context: Arc<HostContext<E>>,
     counters: Arc<Counters>,
-    shards: Arc<[mpsc::Sender<Deliver<E>>]>,
+    partitions: Arc<[mpsc::Sender<Deliver<E>>]>,
     shutdown: watch::Sender<bool>,
     /// Taken by the first [`EntityHost::shutdown`]; never touched on the command path.
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl<E: EntityType> EntityHost<E> {
-    /// Starts the host's shard tasks (on the current tokio runtime).
+    /// Starts the host's partition tasks (on the current tokio runtime).
     pub fn start(
         entity: E,
         journal: Arc<dyn Journal>,
@@ -99,12 +99,12 @@ impl<E: EntityType> EntityHost<E> {
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
-        let mut shards = Vec::with_capacity(context.config.host_shards);
-        let mut tasks = Vec::with_capacity(context.config.host_shards);
-        for index in 0..context.config.host_shards {
+        let mut partitions = Vec::with_capacity(context.config.host_partitions);
+        let mut tasks = Vec::with_capacity(context.config.host_partitions);
+        for index in 0..context.config.host_partitions {
             let (deliver_tx, deliver_rx) = mpsc::channel(context.config.host_queue_capacity);
             let (stopped_tx, stopped_rx) = mpsc::channel(STOPPED_QUEUE_CAPACITY);
-            let shard = Shard {
+            let partition = Partition {
                 index,
                 context: context.clone(),
                 counters: counters.clone(),
@@ -113,17 +113,17 @@ impl<E: EntityType> EntityHost<E> {
                 incarnations: 0,
                 shutting_down: false,
             };
-            tasks.push(tokio::spawn(shard.run(
+            tasks.push(tokio::spawn(partition.run(
                 deliver_rx,
                 stopped_rx,
                 shutdown_rx.clone(),
             )));
-            shards.push(deliver_tx);
+            partitions.push(deliver_tx);
         }
         Ok(EntityHost {
             context,
             counters,
-            shards: shards.into(),
+            partitions: partitions.into(),
             shutdown,
             tasks: Mutex::new(tasks),
         })
@@ -132,10 +132,10 @@ impl<E: EntityType> EntityHost<E> {
     /// A handle to entity `id`, after checking the id.
     pub fn entity_ref(&self, id: &str) -> Result<EntityRef<E>, EntityError> {
         let id = EntityId::new(id)?;
-        let shard = (id.stable_hash() % self.shards.len() as u64) as usize;
+        let partition = (id.stable_hash() % self.partitions.len() as u64) as usize;
         Ok(EntityRef::new(
             id,
-            self.shards[shard].clone(),
+            self.partitions[partition].clone(),
             self.context.config.host_queue_capacity,
             self.context.config.ask_timeout,
         ))
@@ -188,7 +188,7 @@ impl<E: EntityType> EntityHost<E> {
 
 impl<E: EntityType> Drop for EntityHost<E> {
     fn drop(&mut self) {
-        // Without a shutdown the shards would wait for commands forever.
+        // Without a shutdown the partitions would wait for commands forever.
         let _ = self.shutdown.send(true);
     }
 }
@@ -205,7 +205,7 @@ enum Slot<E: EntityType> {
 }
 
 /// One routing task's state.
-struct Shard<E: EntityType> {
+struct Partition<E: EntityType> {
     index: usize,
     context: Arc<HostContext<E>>,
     counters: Arc<Counters>,
@@ -220,7 +220,7 @@ fn reply_error<E: EntityType>(envelope: Envelope<E>, error: EntityError) {
     let _ = envelope.reply.send(Err(error.into()));
 }
 
-impl<E: EntityType> Shard<E> {
+impl<E: EntityType> Partition<E> {
     async fn run(
         mut self,
         mut deliveries: mpsc::Receiver<Deliver<E>>,

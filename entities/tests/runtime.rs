@@ -208,7 +208,7 @@ async fn passivation_with_commands_in_flight_loses_nothing() {
     let fixture = Fixture::new();
     let host = std::sync::Arc::new(fixture.host(EntityConfig {
         passivate_after: Some(Duration::from_millis(1)),
-        host_shards: 1,
+        host_partitions: 1,
         ..config()
     }));
     let callers = 8u64;

@@ -592,7 +592,7 @@ pub fn config() -> EntityConfig {
         snapshot_every: 0,
         passivate_after: None,
         ask_timeout: Duration::from_secs(10),
-        host_shards: 4,
+        host_partitions: 4,
         ..EntityConfig::default()
     }
 }
