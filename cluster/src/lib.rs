@@ -17,6 +17,7 @@ pub mod node;
 pub mod reachability;
 pub mod sbr;
 pub mod sim;
+pub mod singleton;
 pub mod transport;
 pub mod vclock;
 
