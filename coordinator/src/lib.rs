@@ -1,0 +1,23 @@
+//! tessera-coordinator: cluster sharding (ARCHITECTURE.md §7).
+//!
+//! Each entity type has a [`region::ShardRegion`] on every node: it maps an entity id to a
+//! shard ([`shard_id::ShardId`]), asks the [`coordinator::ShardCoordinator`] (a cluster
+//! singleton) where unknown shards live, buffers meanwhile, and hosts the shards the
+//! coordinator gives it. The coordinator allocates shards with the least-shard strategy
+//! ([`allocation`]), keeps its [`state::CoordinatorState`] in a store that must answer before
+//! any shard home is told, and moves shards by handoff.
+//!
+//! Both are plain state machines with time passed in; [`sim`] runs them together over a
+//! simulated network with crashes, message loss and membership changes, and checks the
+//! sharding invariants on every step.
+
+pub mod allocation;
+pub mod coordinator;
+pub mod messages;
+pub mod region;
+pub mod settings;
+pub mod shard_id;
+pub mod sim;
+pub mod state;
+
+pub use shard_id::{ShardId, shard_of};

@@ -1,0 +1,609 @@
+//! The shard region: a plain state machine, one per entity type on each node. It routes each
+//! message to the region that hosts its shard, asks the coordinator for homes it does not
+//! know, buffers meanwhile, and hosts the shards the coordinator gives it.
+//!
+//! # Rules
+//!
+//! - **Per-sender order.** Messages from one sender for one entity reach it in the order sent,
+//!   also across a handoff: on `BeginHandOff` a region stops sending to the shard, buffers,
+//!   and sends a marker to the owner on the same ordered link as its messages; the owner
+//!   delivers everything that came before the marker to the still running shard, and stops
+//!   it only after every region's marker is in. The buffered messages then go, in order, to
+//!   the new home.
+//! - **Nothing is dropped silently.** A message is delivered, forwarded, or buffered; a full
+//!   buffer refuses it with [`RegionError::BufferFull`] (the caller learns it was not
+//!   delivered).
+//! - **Answers only from the coordinator it registered with.** Coordinator messages from any
+//!   other node are ignored, so a stale coordinator cannot move shards.
+//! - **A proxy hosts nothing**; it routes like any region.
+
+use crate::messages::{BetweenRegions, HandoffId, ToCoordinator, ToRegion};
+use crate::settings::ShardingSettings;
+use crate::shard_id::ShardId;
+use crate::state::RegionId;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
+
+/// Why a message was not taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegionError {
+    #[error(
+        "the region's buffer for shards with unknown homes is full ({capacity} messages); \
+         the message was not delivered"
+    )]
+    BufferFull { capacity: usize },
+    #[error("shard {shard} is out of range (number_of_shards = {number_of_shards})")]
+    UnknownShard {
+        shard: ShardId,
+        number_of_shards: u32,
+    },
+}
+
+/// Where a message came from: this node's callers, or another region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Local,
+    Region(RegionId),
+}
+
+/// What the driver must do for the region.
+#[derive(Debug, PartialEq)]
+pub enum RegionOutput<M> {
+    /// Send to the coordinator this region registered with (or is registering with).
+    ToCoordinator(ToCoordinator),
+    /// Send to another region, on the one ordered link to it.
+    ToRegion {
+        to: RegionId,
+        message: BetweenRegions<M>,
+    },
+    /// Hand the message to the shard's entity on this node.
+    DeliverLocal { shard: ShardId, message: M },
+    /// Start hosting `shard` (with remember-entities: start its remembered entities).
+    StartShard(ShardId),
+    /// Stop the entities of `shard` after their writes; then call
+    /// [`ShardRegion::shard_stopped`].
+    StopShard(ShardId),
+    /// The message was refused; tell its caller.
+    Refused { message: M, error: RegionError },
+    /// Graceful shutdown finished: this region hosts and holds nothing, the coordinator gives
+    /// it nothing new. The node may leave.
+    ShutdownComplete,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hosted {
+    Active,
+    /// Stopping for `handoff` (`None`: stopping because the coordinator said the shard lives
+    /// elsewhere).
+    Stopping(Option<HandoffId>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shutdown {
+    Running,
+    Requested { last_sent: Instant },
+    Complete,
+}
+
+/// What the region knows of membership, from its node's view.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegionView {
+    /// Members not removed, any status: homes at other incarnations are forgotten.
+    pub members: BTreeSet<RegionId>,
+    /// Where the coordinator runs (the singleton's node), if any member qualifies.
+    pub coordinator: Option<RegionId>,
+}
+
+/// Counters for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionStats {
+    pub delivered_local: u64,
+    pub forwarded: u64,
+    pub refused: u64,
+    pub handoffs: u64,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct ShardRegion<M> {
+    settings: ShardingSettings,
+    self_id: RegionId,
+    hosts_shards: bool,
+    view: RegionView,
+    registered: bool,
+    last_register: Option<Instant>,
+    homes: BTreeMap<ShardId, RegionId>,
+    local: BTreeMap<ShardId, Hosted>,
+    /// `BeginHandOff` seen: messages wait here until the shard's next home is known.
+    handing_off: BTreeSet<ShardId>,
+    buffers: BTreeMap<ShardId, VecDeque<M>>,
+    buffered: usize,
+    asked: BTreeMap<ShardId, Instant>,
+    /// The last handoff each shard was stopped for: a repeated `HandOff` is answered again
+    /// and never restarts the shard.
+    answered: BTreeMap<ShardId, HandoffId>,
+    shutdown: Shutdown,
+    stats: RegionStats,
+}
+
+impl<M> ShardRegion<M> {
+    /// A region of the node `self_id`; `hosts_shards: false` makes it a proxy.
+    pub fn new(settings: ShardingSettings, self_id: RegionId, hosts_shards: bool) -> Self {
+        ShardRegion {
+            settings,
+            self_id,
+            hosts_shards,
+            view: RegionView::default(),
+            registered: false,
+            last_register: None,
+            homes: BTreeMap::new(),
+            local: BTreeMap::new(),
+            handing_off: BTreeSet::new(),
+            buffers: BTreeMap::new(),
+            buffered: 0,
+            asked: BTreeMap::new(),
+            answered: BTreeMap::new(),
+            shutdown: Shutdown::Running,
+            stats: RegionStats::default(),
+        }
+    }
+
+    pub fn self_id(&self) -> &RegionId {
+        &self.self_id
+    }
+
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    pub fn stats(&self) -> RegionStats {
+        self.stats
+    }
+
+    /// Shards hosted here (running or stopping).
+    pub fn local_shards(&self) -> impl Iterator<Item = &ShardId> {
+        self.local.keys()
+    }
+
+    /// Whether `shard` is hosted here and takes messages.
+    pub fn is_active(&self, shard: ShardId) -> bool {
+        self.local.get(&shard) == Some(&Hosted::Active)
+    }
+
+    /// Messages held for shards whose home is not known.
+    pub fn buffered(&self) -> usize {
+        self.buffered
+    }
+
+    /// The known home of `shard`.
+    pub fn home(&self, shard: ShardId) -> Option<&RegionId> {
+        self.homes.get(&shard)
+    }
+
+    /// A message for an entity of `shard`.
+    pub fn deliver(
+        &mut self,
+        origin: Origin,
+        shard: ShardId,
+        message: M,
+        now: Instant,
+    ) -> Vec<RegionOutput<M>> {
+        let mut out = Vec::new();
+        if shard.0 >= self.settings.number_of_shards {
+            self.stats.refused += 1;
+            out.push(RegionOutput::Refused {
+                message,
+                error: RegionError::UnknownShard {
+                    shard,
+                    number_of_shards: self.settings.number_of_shards,
+                },
+            });
+            return out;
+        }
+        self.route(origin, shard, message, now, &mut out);
+        out
+    }
+
+    fn route(
+        &mut self,
+        origin: Origin,
+        shard: ShardId,
+        message: M,
+        now: Instant,
+        out: &mut Vec<RegionOutput<M>>,
+    ) {
+        let from_other_region = matches!(origin, Origin::Region(_));
+        match self.local.get(&shard) {
+            // A message from another region reached the owner before that region's marker:
+            // the running shard takes it even during a handoff. This node's own callers
+            // stop at `handing_off` like every other sender.
+            Some(Hosted::Active) if from_other_region || !self.handing_off.contains(&shard) => {
+                self.stats.delivered_local += 1;
+                out.push(RegionOutput::DeliverLocal { shard, message });
+                return;
+            }
+            Some(_) => {
+                // Stopping, or running but in handoff for this node's callers. Asking lets a
+                // handoff that was given up end here too: the answer is this region.
+                self.buffer(shard, message, out);
+                self.ask_home(shard, now, out);
+                return;
+            }
+            None => {}
+        }
+        if self.handing_off.contains(&shard) {
+            self.buffer(shard, message, out);
+            self.ask_home(shard, now, out);
+            return;
+        }
+        match self.homes.get(&shard) {
+            Some(home) if *home != self.self_id => {
+                self.stats.forwarded += 1;
+                out.push(RegionOutput::ToRegion {
+                    to: home.clone(),
+                    message: BetweenRegions::Forward { shard, message },
+                });
+            }
+            _ => {
+                self.buffer(shard, message, out);
+                self.ask_home(shard, now, out);
+            }
+        }
+    }
+
+    fn buffer(&mut self, shard: ShardId, message: M, out: &mut Vec<RegionOutput<M>>) {
+        if self.buffered >= self.settings.buffer_size {
+            self.stats.refused += 1;
+            out.push(RegionOutput::Refused {
+                message,
+                error: RegionError::BufferFull {
+                    capacity: self.settings.buffer_size,
+                },
+            });
+            return;
+        }
+        self.buffered += 1;
+        self.buffers.entry(shard).or_default().push_back(message);
+    }
+
+    fn ask_home(&mut self, shard: ShardId, now: Instant, out: &mut Vec<RegionOutput<M>>) {
+        if !self.registered {
+            return;
+        }
+        let due = self
+            .asked
+            .get(&shard)
+            .is_none_or(|at| now.duration_since(*at) >= self.settings.retry_interval);
+        if due {
+            self.asked.insert(shard, now);
+            out.push(RegionOutput::ToCoordinator(ToCoordinator::GetShardHome {
+                shard,
+            }));
+        }
+    }
+
+    /// Sends what is buffered for `shard` to where it now goes, in order.
+    fn flush(&mut self, shard: ShardId, now: Instant, out: &mut Vec<RegionOutput<M>>) {
+        let Some(mut queue) = self.buffers.remove(&shard) else {
+            return;
+        };
+        self.buffered -= queue.len();
+        while let Some(message) = queue.pop_front() {
+            // Re-routed as if from another region: the buffer holds this node's own messages
+            // and messages that reached it for a shard it did not run; both go on in order.
+            let origin = Origin::Region(self.self_id.clone());
+            self.route(origin, shard, message, now, out);
+            if self.buffers.contains_key(&shard) {
+                // It went back into a buffer: the rest must stay behind it.
+                let rest = self.buffers.entry(shard).or_default();
+                self.buffered += queue.len();
+                rest.extend(queue);
+                return;
+            }
+        }
+    }
+
+    /// A message from the coordinator node `from`.
+    pub fn from_coordinator(
+        &mut self,
+        from: &RegionId,
+        message: ToRegion,
+        now: Instant,
+    ) -> Vec<RegionOutput<M>> {
+        let mut out = Vec::new();
+        if self.view.coordinator.as_ref() != Some(from) {
+            return out;
+        }
+        match message {
+            ToRegion::RegisterAck => {
+                if !self.registered {
+                    self.registered = true;
+                    self.asked.clear();
+                    let waiting: Vec<ShardId> = self.buffers.keys().copied().collect();
+                    for shard in waiting {
+                        self.ask_home(shard, now, &mut out);
+                    }
+                }
+                self.continue_shutdown(now, &mut out);
+            }
+            ToRegion::ShardHome { shard, region } => self.learn_home(shard, region, now, &mut out),
+            ToRegion::HostShard { shard } => {
+                if self.hosts_shards {
+                    let me = self.self_id.clone();
+                    self.learn_home(shard, me, now, &mut out);
+                    out.push(RegionOutput::ToCoordinator(ToCoordinator::ShardStarted {
+                        shard,
+                    }));
+                }
+            }
+            ToRegion::BeginHandOff { shard, owner } => {
+                self.handing_off.insert(shard);
+                self.asked.remove(&shard);
+                if owner == self.self_id {
+                    // This node's callers stopped at `handing_off` from now on; all they sent
+                    // before was delivered already.
+                    out.push(RegionOutput::ToCoordinator(
+                        ToCoordinator::BeginHandOffAck {
+                            shard,
+                            region: owner,
+                        },
+                    ));
+                } else {
+                    self.homes.remove(&shard);
+                    out.push(RegionOutput::ToRegion {
+                        to: owner,
+                        message: BetweenRegions::HandOffMarker { shard },
+                    });
+                }
+            }
+            ToRegion::HandOff { shard, handoff } => {
+                self.homes.remove(&shard);
+                match self.local.get(&shard).copied() {
+                    Some(Hosted::Stopping(_)) => {
+                        // Answered once it has stopped; remember which handoff to answer.
+                        self.local.insert(shard, Hosted::Stopping(Some(handoff)));
+                    }
+                    Some(Hosted::Active) => {
+                        self.stats.handoffs += 1;
+                        self.stop_for_handoff(shard, handoff, now, &mut out);
+                    }
+                    None if self.answered.get(&shard) == Some(&handoff) => {
+                        // A repeat: this region stopped the shard for this handoff already and
+                        // must not run it again.
+                        out.push(RegionOutput::ToCoordinator(ToCoordinator::ShardStopped {
+                            shard,
+                            handoff,
+                        }));
+                    }
+                    None if self.hosts_shards && self.buffers.contains_key(&shard) => {
+                        self.stats.handoffs += 1;
+                        self.local.insert(shard, Hosted::Active);
+                        out.push(RegionOutput::StartShard(shard));
+                        self.stop_for_handoff(shard, handoff, now, &mut out);
+                    }
+                    None => {
+                        self.answered.insert(shard, handoff);
+                        out.push(RegionOutput::ToCoordinator(ToCoordinator::ShardStopped {
+                            shard,
+                            handoff,
+                        }));
+                    }
+                }
+            }
+            ToRegion::GracefulShutdownAck { done } => {
+                // Complete only when the coordinator holds nothing for this region any more
+                // (a handoff given up leaves a shard here), and nothing is held here.
+                if done
+                    && matches!(self.shutdown, Shutdown::Requested { .. })
+                    && self.local.is_empty()
+                    && self.buffered == 0
+                {
+                    self.shutdown = Shutdown::Complete;
+                    out.push(RegionOutput::ShutdownComplete);
+                }
+            }
+        }
+        out
+    }
+
+    fn learn_home(
+        &mut self,
+        shard: ShardId,
+        region: RegionId,
+        now: Instant,
+        out: &mut Vec<RegionOutput<M>>,
+    ) {
+        self.handing_off.remove(&shard);
+        self.asked.remove(&shard);
+        self.homes.insert(shard, region.clone());
+        if region == self.self_id {
+            if !self.hosts_shards {
+                return;
+            }
+            match self.local.get(&shard) {
+                None => {
+                    self.local.insert(shard, Hosted::Active);
+                    out.push(RegionOutput::StartShard(shard));
+                }
+                Some(Hosted::Stopping(Some(_))) => {
+                    // Sent after the handoff's `HandOff` (one ordered link): that handoff
+                    // was given up, so the shard stays here.
+                    self.local.insert(shard, Hosted::Stopping(None));
+                }
+                Some(_) => {}
+            }
+            // A shard still stopping restarts once stopped (see `shard_stopped`).
+            if self.is_active(shard) {
+                self.flush(shard, now, out);
+            }
+        } else {
+            if self.local.get(&shard) == Some(&Hosted::Active) {
+                // The coordinator says it lives elsewhere: stop our copy first; what arrives
+                // meanwhile is buffered and follows it.
+                self.local.insert(shard, Hosted::Stopping(None));
+                out.push(RegionOutput::StopShard(shard));
+                return;
+            }
+            if !self.local.contains_key(&shard) {
+                self.flush(shard, now, out);
+            }
+        }
+    }
+
+    /// Delivers whatever waits here for the running `shard`, then stops it. The owner answers
+    /// `ShardStopped` only with nothing held for the shard: every message that reached it
+    /// before the markers goes to the old incarnation, so none can arrive at the new home
+    /// after a later message of the same sender.
+    fn stop_for_handoff(
+        &mut self,
+        shard: ShardId,
+        handoff: HandoffId,
+        now: Instant,
+        out: &mut Vec<RegionOutput<M>>,
+    ) {
+        self.flush(shard, now, out);
+        self.local.insert(shard, Hosted::Stopping(Some(handoff)));
+        out.push(RegionOutput::StopShard(shard));
+    }
+
+    /// A region's marker for `shard` reached this node (the owner): relay it.
+    pub fn marker(&mut self, from: RegionId, shard: ShardId) -> Vec<RegionOutput<M>> {
+        vec![RegionOutput::ToCoordinator(
+            ToCoordinator::BeginHandOffAck {
+                shard,
+                region: from,
+            },
+        )]
+    }
+
+    /// The entities of `shard` have stopped (after [`RegionOutput::StopShard`]).
+    pub fn shard_stopped(&mut self, shard: ShardId, now: Instant) -> Vec<RegionOutput<M>> {
+        let mut out = Vec::new();
+        let Some(Hosted::Stopping(handoff)) = self.local.get(&shard).copied() else {
+            return out;
+        };
+        self.local.remove(&shard);
+        if let Some(handoff) = handoff {
+            if self.buffers.contains_key(&shard) {
+                // Messages reached it while it stopped: a fresh incarnation takes them first.
+                self.local.insert(shard, Hosted::Active);
+                out.push(RegionOutput::StartShard(shard));
+                self.stop_for_handoff(shard, handoff, now, &mut out);
+                return out;
+            }
+            self.answered.insert(shard, handoff);
+            out.push(RegionOutput::ToCoordinator(ToCoordinator::ShardStopped {
+                shard,
+                handoff,
+            }));
+        }
+        match self.homes.get(&shard).cloned() {
+            Some(home) if home == self.self_id => {
+                // Told to host it again while it stopped (a handoff given up).
+                self.local.insert(shard, Hosted::Active);
+                out.push(RegionOutput::StartShard(shard));
+                self.flush(shard, now, &mut out);
+            }
+            Some(_) => self.flush(shard, now, &mut out),
+            None => {
+                if self.buffers.contains_key(&shard) {
+                    self.ask_home(shard, now, &mut out);
+                }
+            }
+        }
+        self.continue_shutdown(now, &mut out);
+        out
+    }
+
+    /// The node's membership view changed.
+    pub fn membership(&mut self, view: RegionView, now: Instant) -> Vec<RegionOutput<M>> {
+        let mut out = Vec::new();
+        let coordinator_changed = view.coordinator != self.view.coordinator;
+        self.view = view;
+        let members = &self.view.members;
+        let me = &self.self_id;
+        // Homes at nodes that are gone: their shards will be allocated anew.
+        self.homes
+            .retain(|_, home| home == me || members.contains(home));
+        if coordinator_changed {
+            self.registered = false;
+            self.last_register = None;
+            self.asked.clear();
+            self.register(now, &mut out);
+        }
+        out
+    }
+
+    fn register(&mut self, now: Instant, out: &mut Vec<RegionOutput<M>>) {
+        if self.view.coordinator.is_none() {
+            return;
+        }
+        self.last_register = Some(now);
+        out.push(RegionOutput::ToCoordinator(if self.hosts_shards {
+            ToCoordinator::Register
+        } else {
+            ToCoordinator::RegisterProxy
+        }));
+    }
+
+    /// Timers: registration, questions for buffered shards, the shutdown request.
+    pub fn tick(&mut self, now: Instant) -> Vec<RegionOutput<M>> {
+        let mut out = Vec::new();
+        if !self.registered
+            && self
+                .last_register
+                .is_none_or(|at| now.duration_since(at) >= self.settings.retry_interval)
+        {
+            self.register(now, &mut out);
+        }
+        let waiting: Vec<ShardId> = self.buffers.keys().copied().collect();
+        for shard in waiting {
+            self.ask_home(shard, now, &mut out);
+        }
+        if let Shutdown::Requested { last_sent } = self.shutdown
+            && self.hosts_shards
+            && now.duration_since(last_sent) >= self.settings.retry_interval
+        {
+            self.shutdown = Shutdown::Requested { last_sent: now };
+            out.push(RegionOutput::ToCoordinator(
+                ToCoordinator::GracefulShutdownRequest,
+            ));
+        }
+        self.continue_shutdown(now, &mut out);
+        out
+    }
+
+    /// Starts a graceful shutdown: the coordinator moves every shard away; once it says none
+    /// is left for this region, none runs here and nothing is buffered,
+    /// [`RegionOutput::ShutdownComplete`] follows. The request is repeated every
+    /// `retry_interval` until then.
+    pub fn begin_shutdown(&mut self, now: Instant) -> Vec<RegionOutput<M>> {
+        let mut out = Vec::new();
+        if self.shutdown != Shutdown::Running {
+            return out;
+        }
+        self.shutdown = Shutdown::Requested { last_sent: now };
+        if self.hosts_shards {
+            out.push(RegionOutput::ToCoordinator(
+                ToCoordinator::GracefulShutdownRequest,
+            ));
+        }
+        self.continue_shutdown(now, &mut out);
+        out
+    }
+
+    pub fn is_shutdown_complete(&self) -> bool {
+        self.shutdown == Shutdown::Complete
+    }
+
+    /// A proxy completes once nothing is held; a region completes on the coordinator's word.
+    fn continue_shutdown(&mut self, _now: Instant, out: &mut Vec<RegionOutput<M>>) {
+        if let Shutdown::Requested { .. } = self.shutdown
+            && !self.hosts_shards
+            && self.buffered == 0
+        {
+            self.shutdown = Shutdown::Complete;
+            out.push(RegionOutput::ShutdownComplete);
+        }
+    }
+}
