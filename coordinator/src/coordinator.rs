@@ -318,6 +318,7 @@ impl ShardCoordinator {
                         message: ToRegion::BeginHandOff {
                             shard: *shard,
                             owner: handoff.owner.clone(),
+                            handoff: handoff.id,
                         },
                     });
                 }
@@ -469,12 +470,17 @@ impl ShardCoordinator {
                     self.unstarted.remove(&shard);
                 }
             }
-            ToCoordinator::BeginHandOffAck { shard, region } => {
+            ToCoordinator::BeginHandOffAck {
+                shard,
+                region,
+                handoff: id,
+            } => {
                 let Some(handoff) = self.rebalancing.get_mut(&shard) else {
                     return;
                 };
-                // Only the owner relays acknowledgements: it is where the markers must arrive.
-                if handoff.owner != from {
+                // Only the owner relays acknowledgements (it is where the markers must arrive),
+                // and only those of this handoff count.
+                if handoff.owner != from || handoff.id != id {
                     return;
                 }
                 handoff.waiting.remove(&region);
@@ -636,6 +642,9 @@ impl ShardCoordinator {
             .filter(|r| self.view.members.contains(*r))
             .cloned()
             .collect();
+        // No more `HostShard` repeats: one arriving after the owner stopped the shard would
+        // start it again beside its next home.
+        self.unstarted.remove(&shard);
         self.handoff_numbers += 1;
         let id = HandoffId {
             coordinator_nonce: self.nonce,
@@ -647,6 +656,7 @@ impl ShardCoordinator {
                 message: ToRegion::BeginHandOff {
                     shard,
                     owner: owner.clone(),
+                    handoff: id,
                 },
             });
         }

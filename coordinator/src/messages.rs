@@ -28,8 +28,13 @@ pub enum ToCoordinator {
     ShardStarted { shard: ShardId },
     /// Relayed by the owner of `shard`: `region` stopped sending to it and everything it sent
     /// before has reached the owner (the marker travelled behind its messages on the same
-    /// ordered link).
-    BeginHandOffAck { shard: ShardId, region: RegionId },
+    /// ordered link) for handoff `handoff`; an acknowledgement of an earlier handoff of the
+    /// shard (given up since) does not count for a later one.
+    BeginHandOffAck {
+        shard: ShardId,
+        region: RegionId,
+        handoff: HandoffId,
+    },
     /// The owner stopped `shard` for handoff `handoff` (its entities finished their writes).
     ShardStopped { shard: ShardId, handoff: HandoffId },
     /// The region's node is leaving: move all its shards away and give it no new ones.
@@ -54,6 +59,7 @@ pub enum ToRegion {
     BeginHandOff {
         shard: ShardId,
         owner: RegionId,
+        handoff: HandoffId,
     },
     /// To the owner, once every region's marker reached it: stop the shard.
     HandOff {
@@ -75,5 +81,5 @@ pub enum BetweenRegions<M> {
     Forward { shard: ShardId, message: M },
     /// The sender will send nothing more for `shard` to the receiver until it learns the
     /// shard's new home.
-    HandOffMarker { shard: ShardId },
+    HandOffMarker { shard: ShardId, handoff: HandoffId },
 }

@@ -336,7 +336,11 @@ impl<M> ShardRegion<M> {
                     }));
                 }
             }
-            ToRegion::BeginHandOff { shard, owner } => {
+            ToRegion::BeginHandOff {
+                shard,
+                owner,
+                handoff,
+            } => {
                 self.handing_off.insert(shard);
                 self.asked.remove(&shard);
                 if owner == self.self_id {
@@ -346,13 +350,14 @@ impl<M> ShardRegion<M> {
                         ToCoordinator::BeginHandOffAck {
                             shard,
                             region: owner,
+                            handoff,
                         },
                     ));
                 } else {
                     self.homes.remove(&shard);
                     out.push(RegionOutput::ToRegion {
                         to: owner,
-                        message: BetweenRegions::HandOffMarker { shard },
+                        message: BetweenRegions::HandOffMarker { shard, handoff },
                     });
                 }
             }
@@ -467,11 +472,17 @@ impl<M> ShardRegion<M> {
     }
 
     /// A region's marker for `shard` reached this node (the owner): relay it.
-    pub fn marker(&mut self, from: RegionId, shard: ShardId) -> Vec<RegionOutput<M>> {
+    pub fn marker(
+        &mut self,
+        from: RegionId,
+        shard: ShardId,
+        handoff: HandoffId,
+    ) -> Vec<RegionOutput<M>> {
         vec![RegionOutput::ToCoordinator(
             ToCoordinator::BeginHandOffAck {
                 shard,
                 region: from,
+                handoff,
             },
         )]
     }

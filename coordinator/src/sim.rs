@@ -715,8 +715,8 @@ impl Sim {
                         .deliver(Origin::Region(from_id), shard, message, now);
                 self.region_outputs(to, out);
             }
-            Net::Between(BetweenRegions::HandOffMarker { shard }) => {
-                let out = self.nodes[to].region.marker(from_id, shard);
+            Net::Between(BetweenRegions::HandOffMarker { shard, handoff }) => {
+                let out = self.nodes[to].region.marker(from_id, shard, handoff);
                 self.region_outputs(to, out);
             }
         }
@@ -744,12 +744,13 @@ impl Sim {
                         continue;
                     };
                     if self.config.sabotage.acks_bypass_markers
-                        && let BetweenRegions::HandOffMarker { shard } = &message
+                        && let BetweenRegions::HandOffMarker { shard, handoff } = &message
                     {
                         // Broken: the acknowledgement overtakes the messages on the link.
                         let ack = ToCoordinator::BeginHandOffAck {
                             shard: *shard,
                             region: self.nodes[node].id.clone(),
+                            handoff: *handoff,
                         };
                         if let Some(coordinator) = self.coordinator_node_for(to) {
                             let now = self.now();
