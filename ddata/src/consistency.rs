@@ -13,6 +13,10 @@ pub enum ReadConsistency {
     Majority { min_cap: usize },
     /// Every member that counts.
     All,
+    /// A majority plus `additional` members (at most all), and at least `min_cap` (Akka's
+    /// `ReadMajorityPlus`): read together with [`WriteConsistency::MajorityPlus`] it still
+    /// overlaps the last write when membership changed between the two.
+    MajorityPlus { additional: usize, min_cap: usize },
 }
 
 /// How many replicas must acknowledge a write, this node included.
@@ -26,6 +30,9 @@ pub enum WriteConsistency {
     Majority { min_cap: usize },
     /// Every member that counts.
     All,
+    /// A majority plus `additional` members (at most all), and at least `min_cap` (Akka's
+    /// `WriteMajorityPlus`).
+    MajorityPlus { additional: usize, min_cap: usize },
 }
 
 impl ReadConsistency {
@@ -50,6 +57,7 @@ enum Level {
     N(usize),
     Majority(usize),
     All,
+    MajorityPlus(usize, usize),
 }
 
 impl From<ReadConsistency> for Level {
@@ -59,6 +67,10 @@ impl From<ReadConsistency> for Level {
             ReadConsistency::From(n) => Level::N(n),
             ReadConsistency::Majority { min_cap } => Level::Majority(min_cap),
             ReadConsistency::All => Level::All,
+            ReadConsistency::MajorityPlus {
+                additional,
+                min_cap,
+            } => Level::MajorityPlus(additional, min_cap),
         }
     }
 }
@@ -70,6 +82,10 @@ impl From<WriteConsistency> for Level {
             WriteConsistency::To(n) => Level::N(n),
             WriteConsistency::Majority { min_cap } => Level::Majority(min_cap),
             WriteConsistency::All => Level::All,
+            WriteConsistency::MajorityPlus {
+                additional,
+                min_cap,
+            } => Level::MajorityPlus(additional, min_cap),
         }
     }
 }
@@ -83,6 +99,10 @@ fn required(counted: usize, level: Level) -> usize {
         Level::N(n) => n.clamp(1, counted),
         Level::Majority(min_cap) => (counted / 2 + 1).max(min_cap.min(counted)),
         Level::All => counted,
+        Level::MajorityPlus(additional, min_cap) => (counted / 2 + 1)
+            .saturating_add(additional)
+            .max(min_cap)
+            .min(counted),
     }
 }
 
@@ -110,6 +130,23 @@ mod tests {
             let r = ReadConsistency::Majority { min_cap: 0 }.required(n);
             assert!(w + r > n, "n={n}");
         }
+    }
+
+    #[test]
+    fn majority_plus_adds_members_up_to_all() {
+        let plus = WriteConsistency::MajorityPlus {
+            additional: 3,
+            min_cap: 5,
+        };
+        assert_eq!(plus.required(3), 3);
+        assert_eq!(plus.required(5), 5);
+        assert_eq!(plus.required(9), 8);
+        assert_eq!(plus.required(20), 14);
+        let read = ReadConsistency::MajorityPlus {
+            additional: 5,
+            min_cap: 5,
+        };
+        assert_eq!(read.required(20), 16);
     }
 
     #[test]
