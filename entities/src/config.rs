@@ -24,6 +24,14 @@ pub struct EntityConfig {
     /// Stop an entity that received no command for this long (None: never). Its next command
     /// starts a new incarnation that recovers from the store.
     pub passivate_after: Option<Duration>,
+    /// Most entities taking commands at once on this host (None: no limit). Starting one more
+    /// first passivates the least recently used (by last command). The limit is split evenly
+    /// over the host partitions (the remainder to the first ones) so that no lock spans them:
+    /// each partition evicts within its share, and since ids spread over the partitions by
+    /// hash, a host may evict a little before it holds `active_entity_limit` entities. An
+    /// evicted entity finishing its write in flight no longer counts. At least
+    /// `host_partitions`. Cluster sharding sets it per region (Akka's default: 100,000).
+    pub active_entity_limit: Option<usize>,
     /// How long [`EntityRef::ask`](crate::EntityRef::ask) waits for a reply.
     pub ask_timeout: Duration,
     /// Commands queued per live entity; a command arriving at a full mailbox fails with
@@ -46,13 +54,15 @@ pub struct EntityConfig {
 
 impl Default for EntityConfig {
     /// Snapshots every 100 events (keep 2, events kept), passivation after 2 minutes idle,
-    /// 5 s ask timeout, mailboxes of 1,024, stashes of 4,096, 16 host partitions of 4,096.
+    /// 5 s ask timeout, no active-entity limit, mailboxes of 1,024, stashes of 4,096, 16 host
+    /// partitions of 4,096.
     fn default() -> Self {
         EntityConfig {
             snapshot_every: 100,
             keep_snapshots: 2,
             delete_events_on_snapshot: false,
             passivate_after: Some(Duration::from_secs(120)),
+            active_entity_limit: None,
             ask_timeout: Duration::from_secs(5),
             mailbox_capacity: 1_024,
             stash_capacity: 4_096,
@@ -81,6 +91,15 @@ impl EntityConfig {
         if self.host_partitions > 4_096 {
             return Err(format!(
                 "entity host_partitions = {}: must be at most 4096",
+                self.host_partitions
+            ));
+        }
+        if let Some(limit) = self.active_entity_limit
+            && limit < self.host_partitions
+        {
+            return Err(format!(
+                "entity active_entity_limit = {limit}: must be at least host_partitions = {} \
+                 (each partition keeps its share of the limit)",
                 self.host_partitions
             ));
         }
@@ -123,5 +142,15 @@ mod tests {
             ..EntityConfig::default()
         };
         assert!(bad.validate().unwrap_err().contains("passivate_after"));
+        let bad = EntityConfig {
+            active_entity_limit: Some(3),
+            host_partitions: 4,
+            ..EntityConfig::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err(),
+            "entity active_entity_limit = 3: must be at least host_partitions = 4 (each \
+             partition keeps its share of the limit)"
+        );
     }
 }

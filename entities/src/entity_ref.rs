@@ -2,8 +2,8 @@
 
 use crate::entity::EntityType;
 use crate::error::{AskError, EntityError};
-use crate::host::Deliver;
 use crate::id::EntityId;
+use crate::partition::PartitionInput;
 use crate::runner::Envelope;
 use std::future::Future;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 /// stays valid across passivations (it names the entity, not an incarnation).
 pub struct EntityRef<E: EntityType> {
     id: EntityId,
-    partition: mpsc::Sender<Deliver<E>>,
+    partition: mpsc::Sender<PartitionInput<E>>,
     partition_capacity: usize,
     timeout: Duration,
 }
@@ -32,7 +32,7 @@ impl<E: EntityType> Clone for EntityRef<E> {
 impl<E: EntityType> EntityRef<E> {
     pub(crate) fn new(
         id: EntityId,
-        partition: mpsc::Sender<Deliver<E>>,
+        partition: mpsc::Sender<PartitionInput<E>>,
         partition_capacity: usize,
         timeout: Duration,
     ) -> Self {
@@ -69,7 +69,7 @@ impl<E: EntityType> EntityRef<E> {
         let (reply, answer) = oneshot::channel();
         let sent = self
             .partition
-            .try_send(Deliver {
+            .try_send(PartitionInput::Command {
                 id: self.id.clone(),
                 envelope: Envelope { command, reply },
             })

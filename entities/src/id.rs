@@ -50,7 +50,8 @@ impl EntityId {
     }
 
     /// A stable 64-bit hash of the id (the same in every process and release), for picking
-    /// a host partition. Never Rust's randomized `Hash`: the sharding issue reuses it across nodes.
+    /// the id's cluster shard (modulo the number of shards) and its host partition (from the
+    /// high bits). Never Rust's randomized `Hash`: shards are agreed on across nodes.
     pub fn stable_hash(&self) -> u64 {
         let digest = blake3::hash(self.0.as_bytes());
         let mut first = [0u8; 8];

@@ -6,14 +6,18 @@
 //! that folds events into the state. An [`EntityHost`] runs the entities of one type on this
 //! node: one task per live entity, started on its first command, recovering from the latest
 //! snapshot plus the later events, stashing commands (bounded) while it recovers or persists,
-//! snapshotting every N events with keep-N retention, and passivating after an idle timeout.
-//! Callers use an [`EntityRef`] and get the reply, the entity's rejection, or an
-//! [`EntityError`].
+//! snapshotting every N events with keep-N retention, and passivating after an idle timeout or
+//! when an active-entity limit is reached (least recently used first). Callers use an
+//! [`EntityRef`] and get the reply, the entity's rejection, or an [`EntityError`]. The host's
+//! owner (cluster sharding) can also stop a set of entities and wait for them, list the live
+//! ones, and hear why each stopped.
 //!
 //! Layout, one concept per file: [`entity`] (trait and effects), [`codec`] (postcard +
 //! manifest, upcasting), [`machine`] (the command/event loop as a plain state machine),
-//! `runner` (the tokio task around it), `host` (routing by id, passivation handshake),
-//! [`retention`] (when to snapshot and what to delete), [`config`], [`error`], [`id`].
+//! `runner` (the tokio task around it), `host` (the handle: start, ask, stop, list),
+//! `partition` (a routing task: slots per id, passivation handshake, stop requests), `lru`
+//! (the active-entity limit's order), [`lifecycle`] (start and stop events), [`retention`]
+//! (when to snapshot and what to delete), [`config`], [`error`], [`id`].
 
 pub mod codec;
 pub mod config;
@@ -22,7 +26,10 @@ mod entity_ref;
 pub mod error;
 mod host;
 pub mod id;
+pub mod lifecycle;
+mod lru;
 pub mod machine;
+mod partition;
 pub mod retention;
 mod runner;
 
@@ -33,5 +40,6 @@ pub use entity_ref::EntityRef;
 pub use error::{AskError, EntityError};
 pub use host::{EntityHost, HostStats};
 pub use id::{EntityId, MAX_ENTITY_ID_BYTES};
+pub use lifecycle::{EntityLifecycle, LifecycleListener, StopReason};
 pub use machine::AskResult;
 pub use tessera_journal::Manifest;

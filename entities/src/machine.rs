@@ -94,7 +94,10 @@ enum Phase<E: EntityType, R> {
     Ready,
     Persisting(InFlight<E, R>),
     Confirming(Unconfirmed<E, R>),
-    Stopped,
+    /// `failed`: stopped by a failure rather than by the handler's stop effect.
+    Stopped {
+        failed: bool,
+    },
 }
 
 /// One entity's command/event loop. See the module documentation.
@@ -168,7 +171,13 @@ impl<E: EntityType, R> EntityMachine<E, R> {
 
     /// True when the entity stopped (by an effect or a failure).
     pub fn is_stopped(&self) -> bool {
-        matches!(self.phase, Phase::Stopped)
+        matches!(self.phase, Phase::Stopped { .. })
+    }
+
+    /// True when the entity stopped because recovery, a write or a read confirmation failed,
+    /// false when it is running or its handler asked it to stop.
+    pub fn stopped_by_failure(&self) -> bool {
+        matches!(self.phase, Phase::Stopped { failed: true })
     }
 
     /// True when a write is in flight.
@@ -420,7 +429,7 @@ impl<E: EntityType, R> EntityMachine<E, R> {
             result,
         });
         if stop {
-            self.stop(out);
+            self.stop(false, out);
         }
     }
 
@@ -443,7 +452,7 @@ impl<E: EntityType, R> EntityMachine<E, R> {
                     result: held.result,
                 });
                 if held.stop {
-                    self.stop(out);
+                    self.stop(false, out);
                 } else {
                     self.unstash(now_ms, out);
                 }
@@ -458,7 +467,7 @@ impl<E: EntityType, R> EntityMachine<E, R> {
                     }
                     .into()),
                 });
-                self.stop(out);
+                self.stop(true, out);
             }
         }
     }
@@ -526,7 +535,7 @@ impl<E: EntityType, R> EntityMachine<E, R> {
                     self.request_snapshot(now_ms, out);
                 }
                 if stop {
-                    self.stop(out);
+                    self.stop(false, out);
                 } else {
                     self.unstash(now_ms, out);
                 }
@@ -555,7 +564,7 @@ impl<E: EntityType, R> EntityMachine<E, R> {
                     to: reply_to,
                     result: Err(error.into()),
                 });
-                self.stop(out);
+                self.stop(true, out);
             }
         }
     }
@@ -613,8 +622,8 @@ impl<E: EntityType, R> EntityMachine<E, R> {
 
     // ---- stopping -----------------------------------------------------------------------
 
-    fn stop(&mut self, out: &mut Vec<Action<E, R>>) {
-        self.phase = Phase::Stopped;
+    fn stop(&mut self, failed: bool, out: &mut Vec<Action<E, R>>) {
+        self.phase = Phase::Stopped { failed };
         out.push(Action::Stop);
     }
 
@@ -629,6 +638,6 @@ impl<E: EntityType, R> EntityMachine<E, R> {
                 result: Err(error.clone().into()),
             });
         }
-        self.stop(out);
+        self.stop(true, out);
     }
 }

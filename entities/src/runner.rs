@@ -4,15 +4,17 @@
 //! One write and one snapshot job are in flight at most; while either runs, the task keeps
 //! reading its mailbox, so commands reach the machine's bounded stash (and a full stash is an
 //! immediate error, not a hang). The task ends when the machine stops, when the entity has
-//! been idle for `passivate_after`, or when the host drops the mailbox's sender (shutdown);
-//! either way it first finishes the write and snapshot job in flight, so that the next
-//! incarnation never recovers while this one still writes. It returns the commands it did not
-//! handle, which the host gives to the next incarnation.
+//! been idle for `passivate_after`, or when the host drops the mailbox's sender (an eviction,
+//! a stop request, shutdown); either way it first handles what its mailbox holds and finishes
+//! the write and snapshot job in flight, so that the next incarnation never recovers while
+//! this one still writes. It returns the commands it did not handle, which the host gives to
+//! the next incarnation, and why it stopped when it stopped on its own.
 
 use crate::codec::Codec;
 use crate::config::EntityConfig;
 use crate::entity::EntityType;
 use crate::id::EntityId;
+use crate::lifecycle::StopReason;
 use crate::machine::{Action, AskResult, EntityMachine, MachineSettings, SnapshotJob};
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -96,15 +98,22 @@ impl<E: EntityType> Mailbox<E> {
     }
 }
 
-/// Runs one incarnation of entity `id` until it stops; returns the commands it leaves for the
-/// next incarnation. `initial` are commands that arrived before the task started.
+/// How an incarnation ended: the commands it leaves for the next incarnation, and why it
+/// stopped when it stopped on its own (None: the host closed its mailbox).
+pub(crate) struct Ending<E: EntityType> {
+    pub leftovers: Vec<Envelope<E>>,
+    pub reason: Option<StopReason>,
+}
+
+/// Runs one incarnation of entity `id` until it stops. `initial` are commands that arrived
+/// before the task started.
 pub(crate) async fn run_entity<E: EntityType>(
     context: Arc<HostContext<E>>,
     id: EntityId,
     writer_id: String,
     mailbox: &mut Mailbox<E>,
     initial: Vec<Envelope<E>>,
-) -> Vec<Envelope<E>> {
+) -> Ending<E> {
     let mut machine = Machine::<E>::new(
         context.entity.clone(),
         context.codec.clone(),
@@ -127,8 +136,12 @@ pub(crate) async fn run_entity<E: EntityType>(
         snapshot: None,
     };
     driver.perform(&mut out);
+    // A failed recovery, or a stop effect of a command stashed during recovery.
+    let mut reason = machine.is_stopped().then(|| machine_stop_reason(&machine));
     // Also after a failed recovery: `serve` returns at once for a stopped machine.
-    driver.serve(&mut machine, mailbox, &mut out).await;
+    driver
+        .serve(&mut machine, mailbox, &mut out, &mut reason)
+        .await;
 
     // Stopped, passivated or shut down: nothing is in flight any more.
     mailbox.close();
@@ -138,7 +151,19 @@ pub(crate) async fn run_entity<E: EntityType>(
         .map(|(command, reply)| Envelope { command, reply })
         .collect();
     left.extend(mailbox.drain());
-    left
+    Ending {
+        leftovers: left,
+        reason,
+    }
+}
+
+/// Why a stopped machine stopped.
+fn machine_stop_reason<E: EntityType>(machine: &Machine<E>) -> StopReason {
+    if machine.stopped_by_failure() {
+        StopReason::Failed
+    } else {
+        StopReason::StopEffect
+    }
 }
 
 /// Answers the callers among `out`'s actions. Only replies can come out of the machine while
@@ -292,12 +317,13 @@ impl<E: EntityType> Driver<'_, E> {
     }
 
     /// Handles commands until the entity stops, passivates or is shut down, and nothing is in
-    /// flight any more.
+    /// flight any more. Sets `reason` when the entity stops on its own (first reason wins).
     async fn serve(
         &mut self,
         machine: &mut Machine<E>,
         mailbox: &mut Mailbox<E>,
         out: &mut Actions<E>,
+        reason: &mut Option<StopReason>,
     ) {
         let passivate_after = self.context.config.passivate_after;
         let mut last_command = Instant::now();
@@ -343,6 +369,7 @@ impl<E: EntityType> Driver<'_, E> {
                         tracing::debug!(entity = %machine.persistence_id(), "passivating an idle entity");
                         mailbox.close();
                         stopping = true;
+                        reason.get_or_insert(StopReason::IdleTimeout);
                     } else {
                         idle.as_mut().reset(deadline);
                     }
@@ -351,6 +378,7 @@ impl<E: EntityType> Driver<'_, E> {
             if self.perform(out) {
                 mailbox.close();
                 stopping = true;
+                reason.get_or_insert(machine_stop_reason(machine));
             }
         }
     }

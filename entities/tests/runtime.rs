@@ -6,23 +6,9 @@ mod support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use support::{Fixture, TallyCommand, TooLow, config, pid};
+use support::{Fixture, TallyCommand, TooLow, config, eventually, pid};
 use tessera_entities::{AskError, EntityConfig, EntityError};
 use tessera_journal::Manifest;
-
-/// Long enough for anything in these tests to happen; only reached when something hangs.
-const PATIENCE: Duration = Duration::from_secs(20);
-
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {PATIENCE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_get_replies_from_the_new_state_and_survive_a_restart() {

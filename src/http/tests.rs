@@ -348,6 +348,7 @@ async fn metrics_are_prometheus_text_with_every_series() {
                     live_entities: 4,
                     incarnations_started: 9,
                     commands_handed_over: 2,
+                    ..HostStats::default()
                 },
             ),
             ("odd\"type".to_string(), HostStats::default()),

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tessera_entities::{Effect, EntityConfig, EntityHost, EntityType};
+use tessera_entities::{Effect, EntityConfig, EntityHost, EntityLifecycle, EntityType};
 use tessera_journal::{
     AtomicWrite, EventEnvelope, Journal, JournalError, JournalStream, PersistentRepr, QueryMode,
 };
@@ -583,6 +583,61 @@ impl Fixture {
             config,
         )
         .expect("valid config")
+    }
+
+    /// [`Fixture::host`] whose lifecycle events go to `recorder`.
+    pub fn host_recorded(&self, config: EntityConfig, recorder: &Recorder) -> EntityHost<Tally> {
+        let n = self.hosts.fetch_add(1, Ordering::SeqCst);
+        let config = EntityConfig {
+            node_id: format!("host{n}"),
+            ..config
+        };
+        let events = recorder.0.clone();
+        EntityHost::start_with_listener(
+            Tally,
+            Arc::new(SharedJournal(self.journal.clone())),
+            Arc::new(SharedSnapshots(self.snapshots.clone())),
+            config,
+            move |event| events.lock().unwrap().push(event),
+        )
+        .expect("valid config")
+    }
+}
+
+/// Keeps every lifecycle event a host reports, in order.
+#[derive(Clone, Default)]
+pub struct Recorder(Arc<Mutex<Vec<EntityLifecycle>>>);
+
+impl Recorder {
+    pub fn events(&self) -> Vec<EntityLifecycle> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The events of entity `id`, in order.
+    pub fn events_of(&self, id: &str) -> Vec<EntityLifecycle> {
+        self.events()
+            .into_iter()
+            .filter(|event| match event {
+                EntityLifecycle::Started { id: of } | EntityLifecycle::Stopped { id: of, .. } => {
+                    of.as_str() == id
+                }
+            })
+            .collect()
+    }
+}
+
+/// Long enough for anything in these tests to happen; only reached when something hangs.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Waits until `check` holds, failing the test after [`PATIENCE`].
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
