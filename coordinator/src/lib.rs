@@ -13,11 +13,15 @@
 
 pub mod allocation;
 pub mod coordinator;
+pub mod host;
 pub mod messages;
 pub mod region;
+pub mod runtime;
 pub mod settings;
 pub mod shard_id;
 pub mod sim;
 pub mod state;
+pub mod store;
+pub mod wire;
 
 pub use shard_id::{ShardId, shard_of};

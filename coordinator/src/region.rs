@@ -152,6 +152,11 @@ impl<M> ShardRegion<M> {
         &self.self_id
     }
 
+    /// Where this region believes the coordinator runs.
+    pub fn coordinator(&self) -> Option<&RegionId> {
+        self.view.coordinator.as_ref()
+    }
+
     pub fn is_registered(&self) -> bool {
         self.registered
     }

@@ -96,6 +96,19 @@ impl CoordinatorState {
         self.remember_entities
     }
 
+    /// Restores the shards to allocate again (from a stored state).
+    pub fn set_unallocated(&mut self, shards: impl IntoIterator<Item = ShardId>) {
+        self.unallocated = shards
+            .into_iter()
+            .filter(|s| !self.shards.contains_key(s))
+            .collect();
+    }
+
+    /// Whether remember-entities is on: it follows the configuration, not the stored state.
+    pub fn set_remember_entities(&mut self, remember_entities: bool) {
+        self.remember_entities = remember_entities;
+    }
+
     pub fn is_registered(&self, region: &RegionId) -> bool {
         self.regions.contains_key(region) || self.proxies.contains(region)
     }

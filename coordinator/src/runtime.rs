@@ -1,0 +1,1238 @@
+//! The tokio layer of cluster sharding: one [`Sharding`] per node. It owns the node's
+//! [`services::SHARDING`] queue and routes its frames by entity type, runs a region task per
+//! entity type around [`ShardRegion`], and starts each type's [`ShardCoordinator`] as a cluster
+//! singleton whose instance task drives it and its [`CoordinatorStore`].
+//!
+//! Every message of the sharding service travels on one lane ([`SHARDING_LANE`]) as one-way
+//! frames, so each pair of nodes sees them in the order sent: a region's handoff marker
+//! arrives behind the commands it forwarded before it. Answers to forwarded commands travel
+//! back as frames too, matched by a reply id at the node whose caller waits.
+
+use crate::coordinator::{CoordinatorOutput, MembershipView, ShardCoordinator};
+use crate::host::{AskFailure, AskOutcome, FailureKind, ShardHost};
+use crate::messages::{BetweenRegions, HandoffId, ToCoordinator, ToRegion};
+use crate::region::{Origin, RegionOutput, RegionView, ShardRegion};
+use crate::settings::ShardingSettings;
+use crate::shard_id::{ShardId, shard_of};
+use crate::store::{CoordinatorStore, StoreError};
+use crate::wire::{self, RegionSnapshot, RemoteAsk, ShardingFrame};
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tessera_cluster::node::ClusterSnapshot;
+use tessera_cluster::singleton::{
+    ClusterSingleton, InstanceContext, SingletonError, SingletonSettings, SingletonStatus,
+    Singletons,
+};
+use tessera_cluster::transport::{Inbound, Lane, Responder, Transport, TransportError, services};
+use tessera_cluster::{Address, MemberStatus, UniqueAddress};
+use tessera_entities::EntityId;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The lane of every sharding frame: callers wait on them, so they must not queue behind the
+/// journal's and Distributed Data's bulk traffic; one lane keeps each link's order.
+pub const SHARDING_LANE: Lane = Lane::Quorum;
+/// Bound of the node's inbound sharding queue (full: the transport drops and counts).
+pub const SERVICE_QUEUE_CAPACITY: usize = 16_384;
+/// Bound of each region's and each coordinator's input queue; a frame that finds it full is
+/// dropped and counted (the protocol repeats what it needs; a dropped command times out).
+pub const INPUT_QUEUE_CAPACITY: usize = 16_384;
+/// Resolution of the regions' and coordinators' timers.
+pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
+/// A coordinator that cannot read its state tries again after this long.
+pub const LOAD_RETRY_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The singleton name of a type's coordinator.
+pub fn coordinator_singleton_name(type_name: &str) -> String {
+    format!("sharding-coordinator-{type_name}")
+}
+
+/// One entity type as this node shards it.
+pub struct ShardedType {
+    pub type_name: String,
+    /// The type's entities on this node; `None` makes this node a proxy for the type.
+    pub host: Option<Arc<dyn ShardHost>>,
+    pub settings: ShardingSettings,
+    /// Only members with this role host the type and run its coordinator.
+    pub role: Option<String>,
+    /// The store of the type's coordinator state.
+    pub store: Arc<dyn CoordinatorStore>,
+}
+
+/// Settings of the node's sharding runtime.
+#[derive(Clone, Debug)]
+pub struct RuntimeSettings {
+    /// How long [`Sharding::ask`] waits for the entity's answer.
+    pub ask_timeout: Duration,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        RuntimeSettings {
+            ask_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why sharding could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardingStartError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("the coordinator singleton of {type_name}: {source}")]
+    Singleton {
+        type_name: String,
+        source: SingletonError,
+    },
+    #[error(transparent)]
+    Settings(#[from] crate::settings::InvalidSetting),
+    #[error("entity type {0:?} is sharded twice")]
+    Duplicate(String),
+}
+
+/// Counters of the node's sharding runtime.
+#[derive(Debug, Default)]
+pub struct ShardingCounters {
+    pub frames_malformed: AtomicU64,
+    /// Frames for a type this node does not shard, or for a coordinator not running here.
+    pub frames_unrouted: AtomicU64,
+    /// Frames dropped because a region's or coordinator's queue was full.
+    pub frames_dropped: AtomicU64,
+    pub forwards_sent: AtomicU64,
+    pub replies_late: AtomicU64,
+    pub coordinator_writes: AtomicU64,
+    pub coordinator_write_failures: AtomicU64,
+}
+
+impl ShardingCounters {
+    fn incr(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a region publishes about itself, for metrics and readiness.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegionGauges {
+    pub registered: bool,
+    pub shards: usize,
+    pub buffered: usize,
+    pub handoffs: u64,
+    pub forwarded: u64,
+    pub delivered_local: u64,
+    pub refused: u64,
+}
+
+/// What a coordinator publishes (on the node that runs it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoordinatorGauges {
+    pub running: bool,
+    pub shards: usize,
+    pub regions: usize,
+    pub handoffs_completed: u64,
+    pub rebalance_rounds: u64,
+    pub writes: u64,
+}
+
+enum ReplyTo {
+    Local(oneshot::Sender<Result<Vec<u8>, AskFailure>>),
+    Remote { to: Address, reply_id: u64 },
+}
+
+/// A command on its way to its entity: the message type of the region state machine.
+pub struct Pending {
+    entity_id: String,
+    payload: Vec<u8>,
+    reply: ReplyTo,
+}
+
+enum RegionInput {
+    Ask {
+        entity_id: String,
+        payload: Vec<u8>,
+        reply: oneshot::Sender<Result<Vec<u8>, AskFailure>>,
+    },
+    FromCoordinator {
+        from: UniqueAddress,
+        message: ToRegion,
+    },
+    Forward {
+        from: UniqueAddress,
+        shard: ShardId,
+        ask: RemoteAsk,
+    },
+    Marker {
+        from: UniqueAddress,
+        shard: ShardId,
+        handoff: HandoffId,
+    },
+    Reply {
+        reply_id: u64,
+        result: Result<Vec<u8>, AskFailure>,
+    },
+    ShardStopped(ShardId),
+    State(oneshot::Sender<RegionSnapshot>),
+    RemoteState(Responder),
+    BeginShutdown(oneshot::Sender<()>),
+}
+
+enum CoordinatorInput {
+    Message {
+        from: UniqueAddress,
+        message: ToCoordinator,
+    },
+}
+
+struct RegionHandle {
+    inputs: mpsc::Sender<RegionInput>,
+    gauges: watch::Receiver<RegionGauges>,
+    coordinator_gauges: watch::Receiver<CoordinatorGauges>,
+    hosts: bool,
+}
+
+type CoordinatorRoutes = Arc<Mutex<HashMap<String, (u64, mpsc::Sender<CoordinatorInput>)>>>;
+
+/// The node's sharding runtime. See the module documentation.
+pub struct Sharding<T: Transport> {
+    transport: Arc<T>,
+    regions: BTreeMap<String, RegionHandle>,
+    singletons: Vec<ClusterSingleton>,
+    settings: RuntimeSettings,
+    counters: Arc<ShardingCounters>,
+    shutdown: CancellationToken,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl<T: Transport> Sharding<T> {
+    /// Registers [`services::SHARDING`], starts a region per type and each type's coordinator
+    /// singleton (`singletons` is the node's singleton service).
+    pub fn start(
+        transport: Arc<T>,
+        membership: watch::Receiver<ClusterSnapshot>,
+        singletons: &Singletons<T>,
+        types: Vec<ShardedType>,
+        settings: RuntimeSettings,
+    ) -> Result<Self, ShardingStartError> {
+        let mut names = BTreeSet::new();
+        for sharded in &types {
+            sharded.settings.validate()?;
+            if !names.insert(sharded.type_name.clone()) {
+                return Err(ShardingStartError::Duplicate(sharded.type_name.clone()));
+            }
+        }
+        let inbound = transport.register(services::SHARDING, SERVICE_QUEUE_CAPACITY)?;
+        let counters = Arc::new(ShardingCounters::default());
+        let shutdown = CancellationToken::new();
+        let coordinators: CoordinatorRoutes = Arc::new(Mutex::new(HashMap::new()));
+        let mut regions = BTreeMap::new();
+        let mut region_inputs = HashMap::new();
+        let mut started = Vec::new();
+        let mut tasks = Vec::new();
+        for sharded in types {
+            let singleton_settings = SingletonSettings {
+                role: sharded.role.clone(),
+                ..SingletonSettings::default()
+            };
+            let (coordinator_gauges_tx, coordinator_gauges) =
+                watch::channel(CoordinatorGauges::default());
+            let coordinator_gauges_tx = Arc::new(coordinator_gauges_tx);
+            let factory = {
+                let type_name = sharded.type_name.clone();
+                let settings = sharded.settings.clone();
+                let store = sharded.store.clone();
+                let transport = transport.clone();
+                let membership = membership.clone();
+                let coordinators = coordinators.clone();
+                let counters = counters.clone();
+                let gauges = coordinator_gauges_tx.clone();
+                move |context: InstanceContext| {
+                    let task = CoordinatorTask {
+                        type_name: type_name.clone(),
+                        settings: settings.clone(),
+                        store: store.clone(),
+                        transport: transport.clone(),
+                        membership: membership.clone(),
+                        coordinators: coordinators.clone(),
+                        counters: counters.clone(),
+                        gauges: gauges.clone(),
+                    };
+                    tokio::spawn(task.run(context))
+                }
+            };
+            let singleton = singletons
+                .start_singleton(
+                    &coordinator_singleton_name(&sharded.type_name),
+                    singleton_settings,
+                    factory,
+                )
+                .map_err(|source| ShardingStartError::Singleton {
+                    type_name: sharded.type_name.clone(),
+                    source,
+                })?;
+            let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_QUEUE_CAPACITY);
+            let (gauges_tx, gauges) = watch::channel(RegionGauges::default());
+            let self_id = transport.local().clone();
+            let hosts = sharded.host.is_some();
+            let task = RegionTask {
+                type_name: sharded.type_name.clone(),
+                self_id: self_id.clone(),
+                region: ShardRegion::new(sharded.settings.clone(), self_id, hosts),
+                host: sharded.host,
+                number_of_shards: sharded.settings.number_of_shards,
+                handoff_timeout: sharded.settings.handoff_timeout,
+                ask_timeout: settings.ask_timeout,
+                transport: transport.clone(),
+                waiting: HashMap::new(),
+                deadlines: VecDeque::new(),
+                next_reply_id: rand::random(),
+                delivered: HashMap::new(),
+                inputs: inputs_tx.clone(),
+                gauges: gauges_tx,
+                shutdown_waiters: Vec::new(),
+                counters: counters.clone(),
+            };
+            tasks.push(tokio::spawn(task.run(
+                inputs_rx,
+                membership.clone(),
+                singleton.watch_status(),
+                shutdown.child_token(),
+            )));
+            region_inputs.insert(sharded.type_name.clone(), inputs_tx.clone());
+            regions.insert(
+                sharded.type_name,
+                RegionHandle {
+                    inputs: inputs_tx,
+                    gauges,
+                    coordinator_gauges,
+                    hosts,
+                },
+            );
+            started.push(singleton);
+        }
+        let router = Router {
+            regions: region_inputs,
+            coordinators,
+            counters: counters.clone(),
+        };
+        tasks.push(tokio::spawn(router.run(inbound, shutdown.child_token())));
+        Ok(Sharding {
+            transport,
+            regions,
+            singletons: started,
+            settings,
+            counters,
+            shutdown,
+            tasks: Mutex::new(tasks),
+        })
+    }
+
+    /// The sharded types, sorted.
+    pub fn type_names(&self) -> Vec<&str> {
+        self.regions.keys().map(String::as_str).collect()
+    }
+
+    /// Whether this node hosts entities of `type_name` (false: a proxy, or not sharded).
+    pub fn hosts(&self, type_name: &str) -> bool {
+        self.regions.get(type_name).is_some_and(|r| r.hosts)
+    }
+
+    pub fn counters(&self) -> &ShardingCounters {
+        &self.counters
+    }
+
+    /// Each region's gauges, by type.
+    pub fn region_gauges(&self) -> Vec<(&str, RegionGauges)> {
+        self.regions
+            .iter()
+            .map(|(name, r)| (name.as_str(), r.gauges.borrow().clone()))
+            .collect()
+    }
+
+    /// Each type's coordinator gauges (running only on the coordinator's node).
+    pub fn coordinator_gauges(&self) -> Vec<(&str, CoordinatorGauges)> {
+        self.regions
+            .iter()
+            .map(|(name, r)| (name.as_str(), r.coordinator_gauges.borrow().clone()))
+            .collect()
+    }
+
+    /// Whether every region of this node is registered with its coordinator (readiness).
+    pub fn all_registered(&self) -> bool {
+        self.regions.values().all(|r| r.gauges.borrow().registered)
+    }
+
+    /// Sends an encoded command to entity `entity_id` of `type_name`, wherever its shard
+    /// lives, and waits for the encoded reply (at most the ask timeout).
+    pub async fn ask(
+        &self,
+        type_name: &str,
+        entity_id: &str,
+        payload: Vec<u8>,
+    ) -> Result<Vec<u8>, AskFailure> {
+        let Some(region) = self.regions.get(type_name) else {
+            return Err(AskFailure::new(
+                FailureKind::BadRequest,
+                AskOutcome::NotApplied,
+                format!(
+                    "unknown entity type {type_name:?}: this node shards {}",
+                    self.type_names().join(", ")
+                ),
+            ));
+        };
+        let (reply, answer) = oneshot::channel();
+        region
+            .inputs
+            .try_send(RegionInput::Ask {
+                entity_id: entity_id.to_string(),
+                payload,
+                reply,
+            })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => AskFailure::new(
+                    FailureKind::Overloaded,
+                    AskOutcome::NotApplied,
+                    format!(
+                        "the {type_name} region's queue is full ({INPUT_QUEUE_CAPACITY} inputs)"
+                    ),
+                ),
+                mpsc::error::TrySendError::Closed(_) => stopping(type_name),
+            })?;
+        let timeout = self.settings.ask_timeout;
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(result)) => result,
+            // The region dropped it without an answer: it may have been delivered.
+            Ok(Err(_)) => Err(AskFailure::new(
+                FailureKind::Unavailable,
+                AskOutcome::Unknown,
+                format!("the {type_name} region stopped while the command was under way"),
+            )),
+            Err(_) => Err(AskFailure::new(
+                FailureKind::Timeout,
+                AskOutcome::Unknown,
+                format!(
+                    "no reply from {type_name} {entity_id:?} within {} ms; the command may \
+                     still be carried out",
+                    timeout.as_millis()
+                ),
+            )),
+        }
+    }
+
+    /// This node's shards of `type_name` and their live entities.
+    pub async fn region_state(&self, type_name: &str) -> Option<RegionSnapshot> {
+        let region = self.regions.get(type_name)?;
+        let (reply, answer) = oneshot::channel();
+        region.inputs.try_send(RegionInput::State(reply)).ok()?;
+        tokio::time::timeout(self.settings.ask_timeout, answer)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Every region's shards of `type_name` with their entity counts, by member; members
+    /// that did not answer within `timeout` are listed as failed.
+    pub async fn cluster_state(
+        &self,
+        type_name: &str,
+        members: Vec<Address>,
+        timeout: Duration,
+    ) -> Vec<(Address, Result<RegionSnapshot, String>)> {
+        let request = match wire::encode(&ShardingFrame::RegionState {
+            type_name: type_name.to_string(),
+        }) {
+            Ok(bytes) => Bytes::from(bytes),
+            Err(e) => {
+                return members
+                    .into_iter()
+                    .map(|m| (m, Err(e.to_string())))
+                    .collect();
+            }
+        };
+        let asks = members.into_iter().map(|member| {
+            let transport = self.transport.clone();
+            let request = request.clone();
+            async move {
+                let answer = transport
+                    .request(&member, services::SHARDING, SHARDING_LANE, request, timeout)
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|bytes| {
+                        wire::decode::<RegionSnapshot>(&bytes).map_err(|e| e.to_string())
+                    });
+                (member, answer)
+            }
+        });
+        futures::future::join_all(asks).await
+    }
+
+    /// Hands off every shard of this node's regions (graceful shutdown) and resolves once
+    /// the coordinators confirmed none is left here, or after `timeout`. Returns whether all
+    /// regions completed.
+    pub async fn hand_off_all(&self, timeout: Duration) -> bool {
+        let mut waits = Vec::new();
+        for region in self.regions.values() {
+            let (done, wait) = oneshot::channel();
+            if region
+                .inputs
+                .send(RegionInput::BeginShutdown(done))
+                .await
+                .is_ok()
+            {
+                waits.push(wait);
+            }
+        }
+        tokio::time::timeout(timeout, futures::future::join_all(waits))
+            .await
+            .is_ok_and(|results| results.iter().all(Result::is_ok))
+    }
+
+    /// Stops the regions, the coordinators and the router (leave the cluster first).
+    pub async fn stop(&self) {
+        self.shutdown.cancel();
+        for singleton in &self.singletons {
+            let _ = singleton.status();
+        }
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// The current time on tokio's clock (which tests may pause), for the state machines.
+fn clock_now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn stopping(type_name: &str) -> AskFailure {
+    AskFailure::new(
+        FailureKind::Unavailable,
+        AskOutcome::NotApplied,
+        format!("the {type_name} region is stopping"),
+    )
+}
+
+/// Routes the node's inbound sharding frames to regions and coordinators.
+struct Router {
+    regions: HashMap<String, mpsc::Sender<RegionInput>>,
+    coordinators: CoordinatorRoutes,
+    counters: Arc<ShardingCounters>,
+}
+
+impl Router {
+    async fn run(self, mut inbound: mpsc::Receiver<Inbound>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                message = inbound.recv() => match message {
+                    Some(message) => self.route(message),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn route(&self, inbound: Inbound) {
+        let frame = match wire::decode::<ShardingFrame>(&inbound.payload) {
+            Ok(frame) => frame,
+            Err(error) => {
+                ShardingCounters::incr(&self.counters.frames_malformed);
+                tracing::debug!(from = %inbound.from, %error, "malformed sharding frame");
+                return;
+            }
+        };
+        let from = inbound.from;
+        if let ShardingFrame::ToCoordinator { type_name, message } = frame {
+            let route = self
+                .coordinators
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&type_name)
+                .map(|(_, tx)| tx.clone());
+            match route {
+                Some(tx) => {
+                    if tx
+                        .try_send(CoordinatorInput::Message { from, message })
+                        .is_err()
+                    {
+                        ShardingCounters::incr(&self.counters.frames_dropped);
+                    }
+                }
+                None => ShardingCounters::incr(&self.counters.frames_unrouted),
+            }
+            return;
+        }
+        let Some(region) = self.regions.get(frame.type_name()) else {
+            ShardingCounters::incr(&self.counters.frames_unrouted);
+            return;
+        };
+        let input = match frame {
+            ShardingFrame::ToRegion { message, .. } => {
+                RegionInput::FromCoordinator { from, message }
+            }
+            ShardingFrame::Marker { shard, handoff, .. } => RegionInput::Marker {
+                from,
+                shard,
+                handoff,
+            },
+            ShardingFrame::Forward { shard, ask, .. } => RegionInput::Forward { from, shard, ask },
+            ShardingFrame::Reply {
+                reply_id, result, ..
+            } => RegionInput::Reply { reply_id, result },
+            ShardingFrame::RegionState { .. } => match inbound.reply {
+                Some(responder) => RegionInput::RemoteState(responder),
+                None => return,
+            },
+            ShardingFrame::ToCoordinator { .. } => return,
+        };
+        if region.try_send(input).is_err() {
+            ShardingCounters::incr(&self.counters.frames_dropped);
+        }
+    }
+}
+
+fn send_frame<T: Transport>(
+    transport: &T,
+    to: &Address,
+    frame: &ShardingFrame,
+) -> Result<(), String> {
+    let bytes = wire::encode(frame).map_err(|e| e.to_string())?;
+    transport
+        .send(to, services::SHARDING, SHARDING_LANE, Bytes::from(bytes))
+        .map_err(|e| e.to_string())
+}
+
+/// Members not removed, any status: regions elsewhere are gone.
+fn live_members(snapshot: &ClusterSnapshot) -> BTreeSet<UniqueAddress> {
+    snapshot
+        .members
+        .iter()
+        .filter(|m| m.status != MemberStatus::Removed)
+        .map(|m| m.unique_address.clone())
+        .collect()
+}
+
+struct RegionTask<T: Transport> {
+    type_name: String,
+    self_id: UniqueAddress,
+    region: ShardRegion<Pending>,
+    host: Option<Arc<dyn ShardHost>>,
+    number_of_shards: u32,
+    handoff_timeout: Duration,
+    ask_timeout: Duration,
+    transport: Arc<T>,
+    /// Callers on this node waiting for an answer from another node, by reply id.
+    waiting: HashMap<u64, oneshot::Sender<Result<Vec<u8>, AskFailure>>>,
+    deadlines: VecDeque<(Instant, u64)>,
+    next_reply_id: u64,
+    /// Entities each local shard delivered to since it started: stopped at its handoff.
+    delivered: HashMap<ShardId, HashSet<String>>,
+    inputs: mpsc::Sender<RegionInput>,
+    gauges: watch::Sender<RegionGauges>,
+    shutdown_waiters: Vec<oneshot::Sender<()>>,
+    counters: Arc<ShardingCounters>,
+}
+
+impl<T: Transport> RegionTask<T> {
+    async fn run(
+        mut self,
+        mut inputs: mpsc::Receiver<RegionInput>,
+        mut membership: watch::Receiver<ClusterSnapshot>,
+        mut singleton: watch::Receiver<SingletonStatus>,
+        stop: CancellationToken,
+    ) {
+        let mut ticker = tokio::time::interval(TICK_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.update_view(
+            &membership.borrow_and_update(),
+            &singleton.borrow_and_update(),
+        );
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                changed = membership.changed() => {
+                    if changed.is_err() { break; }
+                    let snapshot = membership.borrow_and_update().clone();
+                    let status = singleton.borrow().clone();
+                    self.update_view(&snapshot, &status);
+                }
+                changed = singleton.changed() => {
+                    if changed.is_err() { break; }
+                    let status = singleton.borrow_and_update().clone();
+                    let snapshot = membership.borrow().clone();
+                    self.update_view(&snapshot, &status);
+                }
+                input = inputs.recv() => match input {
+                    Some(input) => self.handle(input),
+                    None => break,
+                },
+                _ = ticker.tick() => {
+                    let out = self.region.tick(clock_now());
+                    self.outputs(out);
+                    self.expire_waiting();
+                }
+            }
+            self.publish();
+        }
+    }
+
+    fn update_view(&mut self, snapshot: &ClusterSnapshot, singleton: &SingletonStatus) {
+        let view = RegionView {
+            members: live_members(snapshot),
+            coordinator: singleton.oldest.clone(),
+        };
+        let out = self.region.membership(view, clock_now());
+        self.outputs(out);
+    }
+
+    fn publish(&self) {
+        let stats = self.region.stats();
+        let gauges = RegionGauges {
+            registered: self.region.is_registered(),
+            shards: self.region.local_shards().count(),
+            buffered: self.region.buffered(),
+            handoffs: stats.handoffs,
+            forwarded: stats.forwarded,
+            delivered_local: stats.delivered_local,
+            refused: stats.refused,
+        };
+        self.gauges.send_if_modified(|current| {
+            if *current == gauges {
+                false
+            } else {
+                *current = gauges;
+                true
+            }
+        });
+    }
+
+    fn handle(&mut self, input: RegionInput) {
+        let now = clock_now();
+        match input {
+            RegionInput::Ask {
+                entity_id,
+                payload,
+                reply,
+            } => {
+                let id = match EntityId::new(&entity_id) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let _ = reply.send(Err(AskFailure::new(
+                            FailureKind::BadRequest,
+                            AskOutcome::NotApplied,
+                            e.to_string(),
+                        )));
+                        return;
+                    }
+                };
+                let shard = shard_of(&id, self.number_of_shards);
+                let pending = Pending {
+                    entity_id,
+                    payload,
+                    reply: ReplyTo::Local(reply),
+                };
+                let out = self.region.deliver(Origin::Local, shard, pending, now);
+                self.outputs(out);
+            }
+            RegionInput::FromCoordinator { from, message } => {
+                let out = self.region.from_coordinator(&from, message, now);
+                self.outputs(out);
+            }
+            RegionInput::Forward { from, shard, ask } => {
+                let pending = Pending {
+                    entity_id: ask.entity_id,
+                    payload: ask.payload,
+                    reply: ReplyTo::Remote {
+                        to: ask.reply_to,
+                        reply_id: ask.reply_id,
+                    },
+                };
+                let out = self
+                    .region
+                    .deliver(Origin::Region(from), shard, pending, now);
+                self.outputs(out);
+            }
+            RegionInput::Marker {
+                from,
+                shard,
+                handoff,
+            } => {
+                let out = self.region.marker(from, shard, handoff);
+                self.outputs(out);
+            }
+            RegionInput::Reply { reply_id, result } => match self.waiting.remove(&reply_id) {
+                Some(waiter) => {
+                    let _ = waiter.send(result);
+                }
+                None => ShardingCounters::incr(&self.counters.replies_late),
+            },
+            RegionInput::ShardStopped(shard) => {
+                let out = self.region.shard_stopped(shard, now);
+                self.outputs(out);
+            }
+            RegionInput::State(reply) => {
+                let answer = self.snapshot();
+                tokio::spawn(async move {
+                    let _ = reply.send(answer.await);
+                });
+            }
+            RegionInput::RemoteState(responder) => {
+                let answer = self.snapshot();
+                tokio::spawn(async move {
+                    let snapshot = answer.await;
+                    match wire::encode(&snapshot) {
+                        Ok(bytes) => {
+                            let _ = responder.respond(Bytes::from(bytes));
+                        }
+                        Err(_) => drop(responder),
+                    }
+                });
+            }
+            RegionInput::BeginShutdown(done) => {
+                self.shutdown_waiters.push(done);
+                let out = self.region.begin_shutdown(now);
+                self.outputs(out);
+                if self.region.is_shutdown_complete() {
+                    for waiter in self.shutdown_waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The local shards with their live entities, computed off the task.
+    fn snapshot(&self) -> BoxFuture<'static, RegionSnapshot> {
+        let shards: BTreeSet<ShardId> = self.region.local_shards().copied().collect();
+        let host = self.host.clone();
+        let number_of_shards = self.number_of_shards;
+        async move {
+            let mut by_shard: BTreeMap<ShardId, Vec<String>> =
+                shards.iter().map(|s| (*s, Vec::new())).collect();
+            if let Some(host) = host {
+                for id in host.live_entity_ids().await {
+                    if let Ok(entity) = EntityId::new(&id)
+                        && let Some(ids) = by_shard.get_mut(&shard_of(&entity, number_of_shards))
+                    {
+                        ids.push(id);
+                    }
+                }
+            }
+            for ids in by_shard.values_mut() {
+                ids.sort();
+            }
+            RegionSnapshot {
+                shards: by_shard.into_iter().collect(),
+            }
+        }
+        .boxed()
+    }
+
+    fn expire_waiting(&mut self) {
+        let now = clock_now();
+        while let Some((deadline, reply_id)) = self.deadlines.front().copied() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            // The caller gave up at its own timeout; forget the slot.
+            self.waiting.remove(&reply_id);
+        }
+    }
+
+    fn reply(&self, reply: ReplyTo, result: Result<Vec<u8>, AskFailure>) {
+        match reply {
+            ReplyTo::Local(tx) => {
+                let _ = tx.send(result);
+            }
+            ReplyTo::Remote { to, reply_id } => {
+                let frame = ShardingFrame::Reply {
+                    type_name: self.type_name.clone(),
+                    reply_id,
+                    result,
+                };
+                if let Err(error) = send_frame(&*self.transport, &to, &frame) {
+                    tracing::debug!(%to, %error, "a sharding reply was not sent");
+                }
+            }
+        }
+    }
+
+    fn outputs(&mut self, outputs: Vec<RegionOutput<Pending>>) {
+        for output in outputs {
+            match output {
+                RegionOutput::ToCoordinator(message) => {
+                    let Some(coordinator) = self.region_coordinator() else {
+                        continue;
+                    };
+                    let frame = ShardingFrame::ToCoordinator {
+                        type_name: self.type_name.clone(),
+                        message,
+                    };
+                    // Lost messages are repeated by the region's timers.
+                    let _ = send_frame(&*self.transport, &coordinator.address, &frame);
+                }
+                RegionOutput::ToRegion { to, message } => match message {
+                    BetweenRegions::Forward { shard, message } => {
+                        self.forward(&to.address, shard, message);
+                    }
+                    BetweenRegions::HandOffMarker { shard, handoff } => {
+                        let frame = ShardingFrame::Marker {
+                            type_name: self.type_name.clone(),
+                            shard,
+                            handoff,
+                        };
+                        let _ = send_frame(&*self.transport, &to.address, &frame);
+                    }
+                },
+                RegionOutput::DeliverLocal { shard, message } => self.deliver_local(shard, message),
+                RegionOutput::StartShard(_) => {}
+                RegionOutput::StopShard(shard) => self.stop_shard(shard),
+                RegionOutput::Refused { message, error } => {
+                    let failure = AskFailure::new(
+                        FailureKind::Overloaded,
+                        AskOutcome::NotApplied,
+                        format!("{} {:?}: {error}", self.type_name, message.entity_id),
+                    );
+                    self.reply(message.reply, Err(failure));
+                }
+                RegionOutput::ShutdownComplete => {
+                    for waiter in self.shutdown_waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+            }
+        }
+    }
+
+    fn region_coordinator(&self) -> Option<UniqueAddress> {
+        self.region.coordinator().cloned()
+    }
+
+    fn forward(&mut self, to: &Address, shard: ShardId, pending: Pending) {
+        let Pending {
+            entity_id,
+            payload,
+            reply,
+        } = pending;
+        let (reply_to, reply_id, local) = match reply {
+            ReplyTo::Local(tx) => {
+                self.next_reply_id = self.next_reply_id.wrapping_add(1);
+                let reply_id = self.next_reply_id;
+                (self.self_id.address.clone(), reply_id, Some(tx))
+            }
+            ReplyTo::Remote { to, reply_id } => (to, reply_id, None),
+        };
+        let frame = ShardingFrame::Forward {
+            type_name: self.type_name.clone(),
+            shard,
+            ask: RemoteAsk {
+                entity_id: entity_id.clone(),
+                payload,
+                reply_to: reply_to.clone(),
+                reply_id,
+            },
+        };
+        ShardingCounters::incr(&self.counters.forwards_sent);
+        match send_frame(&*self.transport, to, &frame) {
+            Ok(()) => {
+                if let Some(tx) = local {
+                    self.waiting.insert(reply_id, tx);
+                    self.deadlines
+                        .push_back((clock_now() + self.ask_timeout, reply_id));
+                }
+            }
+            Err(error) => {
+                let failure = AskFailure::new(
+                    FailureKind::Unavailable,
+                    AskOutcome::NotApplied,
+                    format!(
+                        "{} {entity_id:?}: cannot reach the region at {to}: {error}",
+                        self.type_name
+                    ),
+                );
+                let reply = match local {
+                    Some(tx) => ReplyTo::Local(tx),
+                    None => ReplyTo::Remote {
+                        to: reply_to,
+                        reply_id,
+                    },
+                };
+                self.reply(reply, Err(failure));
+            }
+        }
+    }
+
+    fn deliver_local(&mut self, shard: ShardId, pending: Pending) {
+        let Some(host) = self.host.clone() else {
+            let failure = AskFailure::new(
+                FailureKind::Unavailable,
+                AskOutcome::NotApplied,
+                format!("this node hosts no {} entities", self.type_name),
+            );
+            self.reply(pending.reply, Err(failure));
+            return;
+        };
+        // Queued now, in the order the region delivers.
+        let answer = host.ask(&pending.entity_id, pending.payload);
+        self.delivered
+            .entry(shard)
+            .or_default()
+            .insert(pending.entity_id);
+        match pending.reply {
+            ReplyTo::Local(tx) => {
+                tokio::spawn(async move {
+                    let _ = tx.send(answer.await);
+                });
+            }
+            ReplyTo::Remote { to, reply_id } => {
+                let transport = self.transport.clone();
+                let type_name = self.type_name.clone();
+                tokio::spawn(async move {
+                    let result = answer.await;
+                    let frame = ShardingFrame::Reply {
+                        type_name,
+                        reply_id,
+                        result,
+                    };
+                    if let Err(error) = send_frame(&*transport, &to, &frame) {
+                        tracing::debug!(%to, %error, "a sharding reply was not sent");
+                    }
+                });
+            }
+        }
+    }
+
+    /// Stops the shard's entities (those it delivered to, and any other live one of the
+    /// shard) after their writes, then reports back to the region.
+    fn stop_shard(&mut self, shard: ShardId) {
+        let delivered = self.delivered.remove(&shard).unwrap_or_default();
+        let inputs = self.inputs.clone();
+        let Some(host) = self.host.clone() else {
+            tokio::spawn(async move {
+                let _ = inputs.send(RegionInput::ShardStopped(shard)).await;
+            });
+            return;
+        };
+        let number_of_shards = self.number_of_shards;
+        let timeout = self.handoff_timeout;
+        let type_name = self.type_name.clone();
+        // The stop requests are queued behind every command delivered so far, because the
+        // host's stop goes through the same per-entity queues.
+        let first = host.stop_entities(delivered.iter().cloned().collect());
+        tokio::spawn(async move {
+            let stopped = async {
+                first.await;
+                let others: Vec<String> = host
+                    .live_entity_ids()
+                    .await
+                    .into_iter()
+                    .filter(|id| {
+                        !delivered.contains(id)
+                            && EntityId::new(id)
+                                .is_ok_and(|e| shard_of(&e, number_of_shards) == shard)
+                    })
+                    .collect();
+                host.stop_entities(others).await;
+            };
+            if tokio::time::timeout(timeout, stopped).await.is_err() {
+                tracing::warn!(
+                    type_name,
+                    %shard,
+                    ?timeout,
+                    "the shard's entities did not stop within the handoff timeout"
+                );
+            }
+            let _ = inputs.send(RegionInput::ShardStopped(shard)).await;
+        });
+    }
+}
+
+struct CoordinatorTask<T: Transport> {
+    type_name: String,
+    settings: ShardingSettings,
+    store: Arc<dyn CoordinatorStore>,
+    transport: Arc<T>,
+    membership: watch::Receiver<ClusterSnapshot>,
+    coordinators: CoordinatorRoutes,
+    counters: Arc<ShardingCounters>,
+    gauges: Arc<watch::Sender<CoordinatorGauges>>,
+}
+
+fn coordinator_view(snapshot: &ClusterSnapshot) -> MembershipView {
+    let live: Vec<_> = snapshot
+        .members
+        .iter()
+        .filter(|m| m.status != MemberStatus::Removed)
+        .collect();
+    MembershipView {
+        members: live.iter().map(|m| m.unique_address.clone()).collect(),
+        up: live
+            .iter()
+            .filter(|m| m.status == MemberStatus::Up)
+            .map(|m| m.unique_address.clone())
+            .collect(),
+        stable: snapshot.unreachable.is_empty()
+            && live.iter().all(|m| m.status == MemberStatus::Up),
+    }
+}
+
+impl<T: Transport> CoordinatorTask<T> {
+    async fn run(mut self, context: InstanceContext) {
+        let route_id: u64 = rand::random();
+        let (tx, mut inputs) = mpsc::channel(INPUT_QUEUE_CAPACITY);
+        self.coordinators
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.type_name.clone(), (route_id, tx));
+        tracing::info!(type_name = %self.type_name, "shard coordinator starting");
+        let mut coordinator = ShardCoordinator::new(self.settings.clone(), rand::random());
+        // Read the state, as long as it takes; the regions repeat what they ask meanwhile.
+        let state = loop {
+            tokio::select! {
+                _ = context.stop.cancelled() => {
+                    self.unregister(route_id);
+                    return;
+                }
+                loaded = self.store.load() => match loaded {
+                    Ok(state) => break state,
+                    Err(error) => {
+                        tracing::warn!(type_name = %self.type_name, %error, "cannot read the coordinator's state; retrying");
+                        tokio::time::sleep(LOAD_RETRY_INTERVAL).await;
+                    }
+                },
+            }
+        };
+        let now = clock_now();
+        let view = coordinator_view(&self.membership.borrow_and_update());
+        let mut out = coordinator.membership(view, now);
+        out.extend(coordinator.state_loaded(state, now));
+        let mut writing: Option<BoxFuture<'static, Result<(), StoreError>>> = None;
+        self.outputs(&coordinator, out, &mut writing);
+        self.publish(&coordinator, true);
+        let mut ticker = tokio::time::interval(TICK_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut requests = context.requests;
+        loop {
+            let write = async {
+                match writing.as_mut() {
+                    Some(future) => future.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let out = tokio::select! {
+                biased;
+                _ = context.stop.cancelled() => break,
+                result = write => {
+                    writing = None;
+                    let now = clock_now();
+                    match result {
+                        Ok(()) => coordinator.write_done(now),
+                        Err(StoreError::Unavailable(reason)) => {
+                            ShardingCounters::incr(&self.counters.coordinator_write_failures);
+                            tracing::debug!(type_name = %self.type_name, %reason, "coordinator state write failed; retrying");
+                            coordinator.write_failed(false, &reason, now)
+                        }
+                        Err(StoreError::Fatal(reason)) => {
+                            ShardingCounters::incr(&self.counters.coordinator_write_failures);
+                            coordinator.write_failed(true, &reason, now)
+                        }
+                    }
+                }
+                changed = self.membership.changed() => {
+                    if changed.is_err() { break; }
+                    let view = coordinator_view(&self.membership.borrow_and_update());
+                    coordinator.membership(view, clock_now())
+                }
+                input = inputs.recv() => match input {
+                    Some(CoordinatorInput::Message { from, message }) => {
+                        coordinator.receive(from, message, clock_now())
+                    }
+                    None => break,
+                },
+                // Sharding does not use the singleton's proxies; anything sent is refused.
+                request = requests.recv() => match request {
+                    Some(request) => { drop(request); Vec::new() }
+                    None => Vec::new(),
+                },
+                _ = ticker.tick() => coordinator.tick(clock_now()),
+            };
+            self.outputs(&coordinator, out, &mut writing);
+            self.publish(&coordinator, !coordinator.is_stopped());
+            if coordinator.is_stopped() && writing.is_none() {
+                break;
+            }
+        }
+        self.unregister(route_id);
+        self.publish(&coordinator, false);
+        tracing::info!(type_name = %self.type_name, "shard coordinator stopped");
+    }
+
+    fn unregister(&self, route_id: u64) {
+        let mut routes = self.coordinators.lock().unwrap_or_else(|e| e.into_inner());
+        if routes
+            .get(&self.type_name)
+            .is_some_and(|(id, _)| *id == route_id)
+        {
+            routes.remove(&self.type_name);
+        }
+    }
+
+    fn publish(&self, coordinator: &ShardCoordinator, running: bool) {
+        let stats = coordinator.stats();
+        let gauges = CoordinatorGauges {
+            running,
+            shards: coordinator.state().map_or(0, |s| s.shards().len()),
+            regions: coordinator.state().map_or(0, |s| s.regions().len()),
+            handoffs_completed: stats.handoffs_completed,
+            rebalance_rounds: stats.rebalance_rounds,
+            writes: stats.writes,
+        };
+        self.gauges.send_if_modified(|current| {
+            if *current == gauges {
+                false
+            } else {
+                *current = gauges;
+                true
+            }
+        });
+    }
+
+    fn outputs(
+        &self,
+        coordinator: &ShardCoordinator,
+        outputs: Vec<CoordinatorOutput>,
+        writing: &mut Option<BoxFuture<'static, Result<(), StoreError>>>,
+    ) {
+        for output in outputs {
+            match output {
+                CoordinatorOutput::Send { to, message } => {
+                    let frame = ShardingFrame::ToRegion {
+                        type_name: self.type_name.clone(),
+                        message,
+                    };
+                    // Lost messages are repeated by the coordinator's or regions' timers.
+                    let _ = send_frame(&*self.transport, &to.address, &frame);
+                }
+                CoordinatorOutput::Write(event) => {
+                    let mut after = coordinator.state().cloned().unwrap_or_default();
+                    if after.apply(&event).is_err() {
+                        // The coordinator only writes events that fit; nothing to store.
+                        continue;
+                    }
+                    ShardingCounters::incr(&self.counters.coordinator_writes);
+                    *writing = Some(self.store.write(event, after));
+                }
+                CoordinatorOutput::Stop { reason } => {
+                    tracing::error!(type_name = %self.type_name, %reason, "shard coordinator stops");
+                }
+            }
+        }
+    }
+}
