@@ -21,6 +21,7 @@ pub mod crdt;
 mod dot_context;
 mod dot_kernel;
 pub mod durable;
+pub mod durable_writer;
 pub mod envelope;
 pub mod flag;
 pub mod g_counter;

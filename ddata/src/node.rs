@@ -1,19 +1,22 @@
 //! The tokio driver around a [`Replicator`]: one task owns it and feeds it local commands
 //! (from a bounded queue), messages from other nodes' Replicators (the transport's
-//! `replicator` service), membership views (the cluster's published snapshot) and ticks; it
-//! carries out the outputs — durable writes first, then sends, replies and notifications.
+//! `replicator` service), membership views (the cluster's published snapshot), ticks and the
+//! completions of durable writes; it carries out the outputs — sends, replies, notifications,
+//! and durable writes, which it hands to the [`DurableWriter`] task and never waits for. The
+//! Replicator holds back the acknowledgements that depend on a durable write until its
+//! completion comes back.
 
 use crate::consistency::{ReadConsistency, WriteConsistency};
 use crate::durable::{DurableStore, DurableStoreError};
-use crate::envelope::DataEnvelope;
+use crate::durable_writer::{DurableCompletion, DurableWrite, DurableWriteError, DurableWriter};
 use crate::replicator::{
-    Command, DeleteResult, GetResult, Input, KeysPage, MembershipView, Output, Replicator,
-    ReplicatorConfig, ReplicatorMessage, RequestId, Response, SubscriberId, Time, UpdateContext,
-    UpdateResult,
+    Command, DeleteResult, DurableWriteId, GetResult, Input, KeysPage, MembershipView, Output,
+    Replicator, ReplicatorConfig, ReplicatorMessage, RequestId, Response, SubscriberId, Time,
+    UpdateContext, UpdateResult,
 };
 use crate::value::ReplicatedValue;
 use bytes::Bytes;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +37,11 @@ pub struct ReplicatorSettings {
     pub service_queue_capacity: usize,
     /// Directory of the durable store; required when `config.durable_keys` is not empty.
     pub durable_dir: Option<PathBuf>,
+    /// Steps' durable writes waiting for the durable writer, which commits all that wait in
+    /// one synced batch. Full: the step's writes fail at once with
+    /// [`DurableWriteError::QueueFull`] (counted in `durable_failures`), their
+    /// acknowledgements are withheld, and the Replicator goes on serving everything else.
+    pub durable_queue_capacity: usize,
 }
 
 impl Default for ReplicatorSettings {
@@ -43,6 +51,7 @@ impl Default for ReplicatorSettings {
             command_queue_capacity: 4096,
             service_queue_capacity: 8192,
             durable_dir: None,
+            durable_queue_capacity: 1024,
         }
     }
 }
@@ -72,6 +81,8 @@ pub enum ReplicatorStartError {
     Durable(#[from] DurableStoreError),
     #[error("durable keys are configured but no directory for the durable store is")]
     NoDurableDir,
+    #[error("durable_queue_capacity is 0 (expected at least 1)")]
+    ZeroDurableQueueCapacity,
 }
 
 /// Counters of a running Replicator, for metrics.
@@ -83,8 +94,15 @@ pub struct ReplicatorCounters {
     pub send_failures: AtomicU64,
     /// Notifications dropped because a subscriber's queue was full.
     pub dropped_notifications: AtomicU64,
-    /// Durable writes that failed (their acknowledgements were withheld).
+    /// Durable writes that failed, refused by a full queue included (their acknowledgements
+    /// were withheld); each failure is also logged.
     pub durable_failures: AtomicU64,
+    /// Steps whose durable writes the full durable-writer queue refused.
+    pub durable_queue_full: AtomicU64,
+    /// Synced batches the durable writer committed (each holds every write that waited).
+    pub durable_commits: AtomicU64,
+    /// Durable writes stored.
+    pub durable_writes: AtomicU64,
     /// Keys held, deleted ones included (updated after every step).
     pub keys: AtomicU64,
 }
@@ -297,6 +315,9 @@ pub async fn start<T: Transport>(
     membership: watch::Receiver<ClusterSnapshot>,
     settings: ReplicatorSettings,
 ) -> Result<ReplicatorHandle, ReplicatorStartError> {
+    if settings.durable_queue_capacity == 0 {
+        return Err(ReplicatorStartError::ZeroDurableQueueCapacity);
+    }
     let durable = match (
         &settings.durable_dir,
         settings.config.durable_keys.is_empty(),
@@ -335,18 +356,25 @@ pub async fn start<T: Transport>(
     let inbound = transport.register(services::REPLICATOR, settings.service_queue_capacity)?;
     let (commands, queue) = mpsc::channel(settings.command_queue_capacity);
     let counters = Arc::new(ReplicatorCounters::default());
+    let (writer, completions) = match durable {
+        Some(store) => {
+            let (writer, completions) =
+                DurableWriter::start(store, settings.durable_queue_capacity);
+            (Some(writer), Some(completions))
+        }
+        None => (None, None),
+    };
     let driver = Driver {
         replicator,
         transport,
-        durable,
+        writer,
         counters: counters.clone(),
         pending: HashMap::new(),
         subscribers: HashMap::new(),
-        durable_failed: HashSet::new(),
         next_request: 1,
         next_subscriber: 1,
     };
-    tokio::spawn(driver.run(queue, inbound, membership));
+    tokio::spawn(driver.run(queue, inbound, membership, completions));
     Ok(ReplicatorHandle {
         commands,
         capacity: settings.command_queue_capacity,
@@ -357,16 +385,35 @@ pub async fn start<T: Transport>(
 struct Driver<T: Transport> {
     replicator: Replicator,
     transport: Arc<T>,
-    durable: Option<Arc<DurableStore>>,
+    /// The durable writer, when durable keys are configured.
+    writer: Option<DurableWriter>,
     counters: Arc<ReplicatorCounters>,
-    /// Waiting requests, with the key of updates and deletes.
-    pending: HashMap<RequestId, (oneshot::Sender<Response>, Option<String>)>,
+    /// Waiting requests.
+    pending: HashMap<RequestId, oneshot::Sender<Response>>,
     subscribers: HashMap<SubscriberId, (String, mpsc::Sender<Change>)>,
-    /// Durable keys whose last write to disk failed: no update of them is acknowledged as a
-    /// success until one is stored again.
-    durable_failed: HashSet<String>,
     next_request: RequestId,
     next_subscriber: SubscriberId,
+}
+
+/// What the driver's loop does next. Made and consumed once per loop turn, never stored, so
+/// the size of `Input` costs nothing worth a box (as for `Input` itself).
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Step(Input),
+    /// Nothing for the Replicator (a dropped message, a closed watch).
+    Wait,
+    /// Stop, then tell whoever asked.
+    Stop(Option<oneshot::Sender<()>>),
+}
+
+/// The next completion of the durable writer, or never without one.
+async fn completion(
+    completions: &mut Option<mpsc::Receiver<DurableCompletion>>,
+) -> Option<DurableCompletion> {
+    match completions {
+        Some(completions) => completions.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl<T: Transport> Driver<T> {
@@ -375,29 +422,26 @@ impl<T: Transport> Driver<T> {
         mut commands: mpsc::Receiver<DriverCommand>,
         mut inbound: mpsc::Receiver<tessera_cluster::transport::Inbound>,
         mut membership: watch::Receiver<ClusterSnapshot>,
+        mut completions: Option<mpsc::Receiver<DurableCompletion>>,
     ) {
         let view = view_of(&membership.borrow_and_update());
-        self.step(Input::Membership(view)).await;
+        self.step(Input::Membership(view));
         // Once the cluster node stops, nothing changes any more: keep serving what is held.
         let mut membership_open = true;
-        loop {
+        let stopped = loop {
             // Timers first: a busy command stream must not starve timeouts and gossip.
             if now() >= self.replicator.next_timer() {
-                self.step(Input::Tick).await;
+                self.step(Input::Tick);
                 continue;
             }
             let deadline = tokio::time::Instant::from_std(self.replicator.next_timer());
-            let input = tokio::select! {
+            let next = tokio::select! {
                 command = commands.recv() => match command {
                     Some(DriverCommand::Request(command, reply)) => {
                         let id = self.next_request;
                         self.next_request += 1;
-                        let key = match &command {
-                            Command::Update { key, .. } | Command::Delete { key, .. } => Some(key.clone()),
-                            _ => None,
-                        };
-                        self.pending.insert(id, (reply, key));
-                        Input::Command { id, command }
+                        self.pending.insert(id, reply);
+                        Next::Step(Input::Command { id, command })
                     }
                     Some(DriverCommand::Subscribe { key, changes, reply }) => {
                         let subscriber = self.next_subscriber;
@@ -405,98 +449,98 @@ impl<T: Transport> Driver<T> {
                         self.subscribers.insert(subscriber, (key.clone(), changes));
                         let id = self.next_request;
                         self.next_request += 1;
-                        self.pending.insert(id, (reply, None));
-                        Input::Command { id, command: Command::Subscribe { key, subscriber } }
+                        self.pending.insert(id, reply);
+                        Next::Step(Input::Command { id, command: Command::Subscribe { key, subscriber } })
                     }
-                    Some(DriverCommand::Stop(done)) => {
-                        drop(self);
-                        let _ = done.send(());
-                        return;
-                    }
-                    None => return,
+                    Some(DriverCommand::Stop(done)) => Next::Stop(Some(done)),
+                    None => Next::Stop(None),
                 },
                 message = inbound.recv() => match message {
                     Some(message) => match ReplicatorMessage::decode(&message.payload) {
-                        Ok(decoded) => Input::Message { from: message.from, message: decoded },
+                        Ok(decoded) => Next::Step(Input::Message { from: message.from, message: decoded }),
                         Err(e) => {
                             self.counters.decode_errors.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(from = %message.from.address, error = %e,
                                 "undecodable replicator message");
-                            continue;
+                            Next::Wait
                         }
                     },
-                    None => return,
+                    None => Next::Stop(None),
+                },
+                done = completion(&mut completions) => match done {
+                    Some(DurableCompletion { writes, result }) => {
+                        Next::Step(self.stored(writes, result))
+                    }
+                    // The writer ended on its own (it only does when its queue closes).
+                    None => {
+                        completions = None;
+                        Next::Wait
+                    }
                 },
                 changed = membership.changed(), if membership_open => match changed {
-                    Ok(()) => Input::Membership(view_of(&membership.borrow_and_update())),
+                    Ok(()) => Next::Step(Input::Membership(view_of(&membership.borrow_and_update()))),
                     Err(_) => {
                         membership_open = false;
-                        continue;
+                        Next::Wait
                     }
                 },
-                _ = tokio::time::sleep_until(deadline) => Input::Tick,
+                _ = tokio::time::sleep_until(deadline) => Next::Step(Input::Tick),
             };
-            self.step(input).await;
-        }
-    }
-
-    async fn step(&mut self, input: Input) {
-        if matches!(input, Input::Tick) {
-            self.drop_closed_subscriptions();
-        }
-        let time = Time {
-            now: now(),
-            wall_ms: wall_ms(),
-        };
-        let outputs = self.replicator.handle(time, input);
-        self.counters
-            .keys
-            .store(self.replicator.key_count() as u64, Ordering::Relaxed);
-        self.carry_out(outputs).await;
-    }
-
-    /// Durable writes first (one fsynced batch); if they fail, the step's acknowledgements
-    /// are withheld: nothing claims durability that the disk did not give.
-    async fn carry_out(&mut self, outputs: Vec<Output>) {
-        let to_store: Vec<(String, DataEnvelope)> = outputs
-            .iter()
-            .filter_map(|o| match o {
-                Output::Store { key, envelope } => Some((key.clone(), envelope.clone())),
-                _ => None,
-            })
-            .collect();
-        let mut durable_error = None;
-        if let (false, Some(store)) = (to_store.is_empty(), &self.durable) {
-            let store = store.clone();
-            let keys: Vec<String> = to_store.iter().map(|(k, _)| k.clone()).collect();
-            let result = tokio::task::spawn_blocking(move || store.store(&to_store)).await;
-            let failure = match result {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
-            };
-            if let Some(e) = failure {
-                self.counters
-                    .durable_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "durable store write failed; acknowledgements withheld");
-                durable_error = Some(e);
-                self.durable_failed.extend(keys);
-            } else {
-                for key in &keys {
-                    self.durable_failed.remove(key);
-                }
+            match next {
+                Next::Step(input) => self.step(input),
+                Next::Wait => {}
+                Next::Stop(done) => break done,
             }
+        };
+        // Let the writer finish what it took, so the store is closed when `stop` returns;
+        // completions nobody will read are dropped first, so the writer never waits for them.
+        drop(completions);
+        if let Some(writer) = self.writer.take() {
+            writer.stop().await;
         }
+        drop(self);
+        if let Some(done) = stopped {
+            let _ = done.send(());
+        }
+    }
+
+    /// Runs one input through the Replicator and carries out its outputs, and so on while
+    /// carrying them out yields another input (durable writes refused at once).
+    fn step(&mut self, input: Input) {
+        let mut next = Some(input);
+        while let Some(input) = next.take() {
+            if matches!(input, Input::Tick) {
+                self.drop_closed_subscriptions();
+            }
+            let time = Time {
+                now: now(),
+                wall_ms: wall_ms(),
+            };
+            let outputs = self.replicator.handle(time, input);
+            self.counters
+                .keys
+                .store(self.replicator.key_count() as u64, Ordering::Relaxed);
+            next = self.carry_out(outputs);
+        }
+    }
+
+    /// Sends, replies and notifies at once, and hands the step's durable writes to the writer
+    /// without waiting for them: what depends on them the Replicator holds until they are
+    /// reported. Returns the report of writes refused at once, for the next step.
+    fn carry_out(&mut self, outputs: Vec<Output>) -> Option<Input> {
+        let mut writes = Vec::new();
         for output in outputs {
             match output {
-                Output::Store { .. } => {}
+                Output::Store {
+                    write,
+                    key,
+                    envelope,
+                } => writes.push(DurableWrite {
+                    write,
+                    key,
+                    envelope,
+                }),
                 Output::Send { to, message } => {
-                    if durable_error.is_some()
-                        && matches!(message, ReplicatorMessage::WriteAck { .. })
-                    {
-                        continue;
-                    }
                     let bytes = match message.encode() {
                         Ok(bytes) => Bytes::from(bytes),
                         Err(_) => {
@@ -513,25 +557,9 @@ impl<T: Transport> Driver<T> {
                     }
                 }
                 Output::Reply { id, response } => {
-                    let Some((reply, key)) = self.pending.remove(&id) else {
-                        continue;
-                    };
-                    // A write of this step, or of an earlier one (a quorum write is answered
-                    // steps after its local write), whose key did not reach the disk.
-                    let unstored = durable_error.clone().or_else(|| {
-                        key.filter(|k| self.durable_failed.contains(k))
-                            .map(|k| format!("the last write of {k} to the durable store failed"))
-                    });
-                    let response = match (unstored, response) {
-                        (Some(e), Response::Update(UpdateResult::Success)) => {
-                            Response::Update(UpdateResult::Failed(format!("durable store: {e}")))
-                        }
-                        (Some(e), Response::Delete(DeleteResult::Success)) => {
-                            Response::Delete(DeleteResult::Failed(format!("durable store: {e}")))
-                        }
-                        (_, response) => response,
-                    };
-                    let _ = reply.send(response);
+                    if let Some(reply) = self.pending.remove(&id) {
+                        let _ = reply.send(response);
+                    }
                 }
                 Output::Changed {
                     subscriber,
@@ -539,6 +567,52 @@ impl<T: Transport> Driver<T> {
                     value,
                 } => self.notify(subscriber, key, value),
             }
+        }
+        if writes.is_empty() {
+            return None;
+        }
+        let refused = match &self.writer {
+            Some(writer) => writer.submit(writes).err(),
+            // Unreachable: durable keys without a store are refused at start.
+            None => Some((DurableWriteError::Stopped, writes)),
+        };
+        let (error, writes) = refused?;
+        if matches!(error, DurableWriteError::QueueFull { .. }) {
+            self.counters
+                .durable_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let writes = writes.into_iter().map(|w| w.write).collect();
+        Some(self.stored(writes, Err(error)))
+    }
+
+    /// Counts and logs the outcome of durable writes, and makes it the Replicator's input.
+    fn stored(
+        &mut self,
+        writes: Vec<DurableWriteId>,
+        result: Result<(), DurableWriteError>,
+    ) -> Input {
+        let count = writes.len() as u64;
+        match &result {
+            Ok(()) => {
+                self.counters
+                    .durable_commits
+                    .fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .durable_writes
+                    .fetch_add(count, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.counters
+                    .durable_failures
+                    .fetch_add(count, Ordering::Relaxed);
+                tracing::error!(writes = count, error = %e,
+                    "durable store write failed; its acknowledgements are withheld");
+            }
+        }
+        Input::Stored {
+            writes,
+            result: result.map_err(|e| e.to_string()),
         }
     }
 
@@ -588,6 +662,7 @@ impl<T: Transport> Driver<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envelope::DataEnvelope;
     use crate::replicator::ChunkKeyList;
 
     #[test]

@@ -3,6 +3,7 @@
 //! keys across a restart.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tessera_cluster::core::ClusterCoreConfig;
 use tessera_cluster::node::{self, ClusterHandle};
@@ -162,4 +163,68 @@ async fn durable_keys_survive_a_restart_of_the_only_node() {
         .await
         .unwrap();
     assert_eq!(volatile, GetResult::NotFound);
+}
+
+#[tokio::test(start_paused = true)]
+async fn majority_writes_of_durable_keys_are_acknowledged_through_the_durable_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let network = MemoryNetwork::new(7);
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let settings = ReplicatorSettings {
+            config: ReplicatorConfig {
+                durable_keys: vec!["durable-*".into()],
+                ..ReplicatorConfig::default()
+            },
+            durable_dir: Some(dir.path().join(format!("node-{i}"))),
+            ..ReplicatorSettings::default()
+        };
+        nodes.push(start(&network, i, 200 + u64::from(i), settings).await);
+    }
+    let clusters: Vec<&ClusterHandle> = nodes.iter().map(|(c, _)| c).collect();
+    wait_until("three members up", Duration::from_secs(30), || {
+        all_up(&clusters, 3)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Ten keys written at once from two nodes: the acknowledgements wait for the disks, the
+    // Replicators' tasks do not.
+    let mut updates = Vec::new();
+    for (_, writer) in &nodes[..2] {
+        for key in 0..10 {
+            let replicator = writer.clone();
+            updates.push(tokio::spawn(async move {
+                replicator
+                    .update(
+                        &format!("durable-{key}"),
+                        MAJORITY_W,
+                        TIMEOUT,
+                        |current, ctx| increment(current, ctx.self_node),
+                    )
+                    .await
+            }));
+        }
+    }
+    for update in updates {
+        assert_eq!(update.await.unwrap().unwrap(), UpdateResult::Success);
+    }
+    for key in 0..10 {
+        let read = nodes[2]
+            .1
+            .get(&format!("durable-{key}"), MAJORITY_R, TIMEOUT)
+            .await
+            .unwrap();
+        assert_eq!(counter(&read), Some(2), "durable-{key}");
+    }
+    for (_, replicator) in &nodes {
+        let counters = replicator.counters();
+        assert_eq!(counters.durable_failures.load(Ordering::Relaxed), 0);
+        let writes = counters.durable_writes.load(Ordering::Relaxed);
+        let commits = counters.durable_commits.load(Ordering::Relaxed);
+        assert!(
+            writes >= 10 && commits >= 1,
+            "{writes} writes in {commits} commits"
+        );
+    }
 }

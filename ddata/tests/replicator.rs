@@ -262,6 +262,7 @@ fn subscribers_get_the_current_value_then_batched_changes() {
 
 #[test]
 fn durable_keys_are_stored_before_the_update_is_acknowledged() {
+    use tessera_ddata::replicator::{Input, Time};
     let config = ReplicatorConfig {
         durable_keys: vec!["durable-*".into()],
         ..quorum_only()
@@ -272,39 +273,45 @@ fn durable_keys_are_stored_before_the_update_is_acknowledged() {
         1,
         std::time::Instant::now(),
     );
-    let time = tessera_ddata::replicator::Time {
+    let time = Time {
         now: std::time::Instant::now(),
         wall_ms: 0,
     };
-    for (key, durable) in [("durable-a", true), ("other", false)] {
-        let outputs = replicator.handle(
-            time,
-            tessera_ddata::replicator::Input::Command {
-                id: 1,
-                command: Command::Update {
-                    key: key.into(),
-                    consistency: WriteConsistency::Local,
-                    timeout: TIMEOUT,
-                    modify: Box::new(|_, ctx| {
-                        let mut c = tessera_ddata::PNCounter::new();
-                        c.increment(ctx.self_node, 1);
-                        Ok(c.into())
-                    }),
-                },
-            },
-        );
-        let store = outputs
-            .iter()
-            .position(|o| matches!(o, Output::Store { .. }));
-        let reply = outputs
-            .iter()
-            .position(|o| matches!(o, Output::Reply { .. }));
-        if durable {
-            assert!(store.is_some() && store < reply, "{outputs:?}");
-        } else {
-            assert!(store.is_none(), "{outputs:?}");
-        }
-    }
+    let update = |key: &str| Input::Command {
+        id: 1,
+        command: Command::Update {
+            key: key.into(),
+            consistency: WriteConsistency::Local,
+            timeout: TIMEOUT,
+            modify: Box::new(|_, ctx| {
+                let mut c = tessera_ddata::PNCounter::new();
+                c.increment(ctx.self_node, 1);
+                Ok(c.into())
+            }),
+        },
+    };
+    let success = Output::Reply {
+        id: 1,
+        response: Response::Update(UpdateResult::Success),
+    };
+    // Not durable: acknowledged at once, nothing to store.
+    assert_eq!(
+        replicator.handle(time, update("other")),
+        std::slice::from_ref(&success)
+    );
+    // Durable: the step only writes; the success waits for the write's report.
+    let outputs = replicator.handle(time, update("durable-a"));
+    let [Output::Store { write, key, .. }] = &outputs[..] else {
+        panic!("expected only the durable write: {outputs:?}");
+    };
+    assert_eq!(key, "durable-a");
+    assert_eq!(replicator.pending_durable_writes(), 1);
+    let stored = Input::Stored {
+        writes: vec![*write],
+        result: Ok(()),
+    };
+    assert_eq!(replicator.handle(time, stored), [success]);
+    assert_eq!(replicator.pending_durable_writes(), 0);
 }
 
 #[test]

@@ -17,17 +17,21 @@
 //!   travel. Messages stay below `max_message_bytes`; an unfinished exchange continues at
 //!   once.
 //! - **Pruning** folds removed nodes' entries into the leader's ([`pruning`]).
-//! - **Durable keys** are written to disk (an [`Output::Store`]) before anything that
-//!   acknowledges them is sent; the driver keeps that order.
+//! - **Durable keys** are written to disk by the driver (an [`Output::Store`], reported back
+//!   with [`Input::Stored`]); the acknowledgements of a durable key — a local update's success,
+//!   a replica's `WriteAck` — are held until its write is reported stored, and withheld if it
+//!   failed ([`durability`]). Nothing else waits for the disk.
 
 mod anti_entropy;
 mod deltas;
+mod durability;
 mod members;
 pub mod protocol;
 mod pruning;
 mod quorum;
 mod store;
 
+pub use durability::DurableWriteId;
 pub use members::MembershipView;
 pub use protocol::{ChunkKeyList, DeltaEntry, ReplicatorMessage};
 pub use store::{CHUNKS, chunk_of};
@@ -35,6 +39,7 @@ pub use store::{CHUNKS, chunk_of};
 use crate::consistency::{ReadConsistency, WriteConsistency};
 use crate::envelope::DataEnvelope;
 use crate::value::{KindMismatch, ReplicatedValue};
+use durability::Durability;
 use members::Members;
 use quorum::PendingOp;
 use rand::rngs::SmallRng;
@@ -257,6 +262,12 @@ pub enum Input {
     Membership(MembershipView),
     /// Time passed: timers and timeouts are due at [`Replicator::next_timer`].
     Tick,
+    /// The durable writes `writes` (of [`Output::Store`]) are synced to disk (`Ok`) or failed
+    /// (`Err` with the reason): the acknowledgements waiting for them go out, or are withheld.
+    Stored {
+        writes: Vec<DurableWriteId>,
+        result: Result<(), String>,
+    },
 }
 
 /// Something the driver must do.
@@ -276,8 +287,12 @@ pub enum Output {
         key: String,
         value: Option<ReplicatedValue>,
     },
-    /// Write this durable key to disk before any later output of the same step.
+    /// Write this state of a durable key to disk, then report `write` with [`Input::Stored`].
+    /// Writes may be grouped into one synced batch (a later write of a key replaces an
+    /// earlier one), but each must be reported: the key's acknowledgements wait for it. The
+    /// outputs of the same step that do not acknowledge the key need not wait.
     Store {
+        write: DurableWriteId,
         key: String,
         envelope: DataEnvelope,
     },
@@ -314,6 +329,8 @@ pub struct Replicator {
     prune_scan_cursor: usize,
     /// Anti-entropy exchanges this node started, by peer, and when: one at a time per peer.
     exchanges: HashMap<UniqueAddress, Instant>,
+    /// Durable writes not reported yet, and the acknowledgements waiting for them.
+    durability: Durability,
     next_gossip: Instant,
     next_deltas: Instant,
     next_notify: Instant,
@@ -353,6 +370,7 @@ impl Replicator {
             marked: BTreeSet::new(),
             prune_scan_cursor: 0,
             exchanges: HashMap::new(),
+            durability: Durability::default(),
             rng,
             outputs: Vec::new(),
         }
@@ -391,6 +409,11 @@ impl Replicator {
         self.ops.len()
     }
 
+    /// Durable writes issued ([`Output::Store`]) and not yet reported ([`Input::Stored`]).
+    pub fn pending_durable_writes(&self) -> usize {
+        self.durability.in_flight()
+    }
+
     /// When the next timer or timeout is due; tick then.
     pub fn next_timer(&self) -> Instant {
         let mut next = self
@@ -411,6 +434,7 @@ impl Replicator {
             Input::Message { from, message } => self.on_message(time, from, message),
             Input::Membership(view) => self.on_membership(time, &view),
             Input::Tick => self.on_tick(time),
+            Input::Stored { writes, result } => self.on_stored(writes, result),
         }
         std::mem::take(&mut self.outputs)
     }
@@ -430,10 +454,7 @@ impl Replicator {
     /// durable write for a durable key.
     fn store_changed(&mut self, key: &str, envelope: DataEnvelope) {
         if self.config.is_durable(key) {
-            self.outputs.push(Output::Store {
-                key: key.to_string(),
-                envelope: envelope.clone(),
-            });
+            self.write_durably(key, envelope.clone());
         }
         if envelope.pruning.is_empty() {
             self.marked.remove(key);
@@ -561,17 +582,23 @@ impl Replicator {
                 incarnation,
                 key,
                 envelope,
-            } => {
-                let answer = match self.merge_incoming(&key, &envelope) {
-                    None => ReplicatorMessage::WriteAck { op, incarnation },
-                    Some(conflict) => ReplicatorMessage::WriteNack {
+            } => match self.merge_incoming(&key, &envelope) {
+                None => {
+                    let ack = Output::Send {
+                        to: from.address.clone(),
+                        message: ReplicatorMessage::WriteAck { op, incarnation },
+                    };
+                    self.acknowledge(&key, ack);
+                }
+                Some(conflict) => {
+                    let nack = ReplicatorMessage::WriteNack {
                         op,
                         incarnation,
                         reason: format!("key {key}: {conflict}"),
-                    },
-                };
-                self.send(&from, answer);
-            }
+                    };
+                    self.send(&from, nack);
+                }
+            },
             ReplicatorMessage::WriteAck { op, incarnation } => {
                 if incarnation == self.incarnation {
                     self.on_write_ack(from, op);

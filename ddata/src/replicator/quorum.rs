@@ -4,7 +4,7 @@
 
 use super::protocol::ReplicatorMessage;
 use super::{
-    DeleteResult, GetResult, Modify, Replicator, RequestId, Response, Time, UpdateContext,
+    DeleteResult, GetResult, Modify, Output, Replicator, RequestId, Response, Time, UpdateContext,
     UpdateResult,
 };
 use crate::codec;
@@ -35,6 +35,8 @@ pub(super) struct ReadOp {
 /// A write (update or delete) waiting for acknowledgements.
 pub(super) struct WriteOp {
     id: RequestId,
+    /// The key written: its success waits for the key's durable write, if it is durable.
+    key: String,
     delete: bool,
     needed: usize,
     asked: BTreeSet<UniqueAddress>,
@@ -236,7 +238,14 @@ impl Replicator {
         delete: bool,
     ) {
         if required <= 1 {
-            return self.reply(id, write_response(delete, true, false, String::new()));
+            let success = write_response(delete, true, false, String::new());
+            return self.acknowledge(
+                &key,
+                Output::Reply {
+                    id,
+                    response: success,
+                },
+            );
         }
         let op = self.next_op_id();
         let asked: BTreeSet<UniqueAddress> = self.members.receivers().cloned().collect();
@@ -255,6 +264,7 @@ impl Replicator {
             op,
             PendingOp::Write(WriteOp {
                 id,
+                key,
                 delete,
                 needed: required - 1,
                 asked,
@@ -364,10 +374,15 @@ impl Replicator {
                     return;
                 }
                 write.acks.insert(from);
-                if write.acks.len() >= write.needed {
-                    let (id, delete) = (write.id, write.delete);
-                    self.remove_op(op);
-                    self.reply(id, write_response(delete, true, false, String::new()));
+                if write.acks.len() >= write.needed
+                    && let Some(PendingOp::Write(write)) = self.remove_op(op)
+                {
+                    let success = write_response(write.delete, true, false, String::new());
+                    let reply = Output::Reply {
+                        id: write.id,
+                        response: success,
+                    };
+                    self.acknowledge(&write.key, reply);
                 }
             }
             Some((PendingOp::Read(read), _)) => {
