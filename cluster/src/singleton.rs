@@ -10,10 +10,17 @@
 //!   (bounded) while there is none.
 //! - [`message`] is the wire format, [`settings`] the settings.
 
+pub mod driver;
 pub mod manager;
 pub mod message;
+pub mod proxy;
 pub mod settings;
 
+pub use driver::{
+    ClusterSingleton, InstanceContext, SingletonError, SingletonRequest, SingletonRequests,
+    SingletonResponder, SingletonStatus, Singletons,
+};
 pub use manager::{InstancePhase, MembershipView, SingletonEffect, SingletonManager};
 pub use message::{HandOver, HandOverKind};
+pub use proxy::{ProxyError, SingletonProxy};
 pub use settings::{SingletonSettings, SingletonSettingsError};

@@ -235,12 +235,7 @@ impl SingletonManager {
         if let Some(m) = me {
             self.self_has_role = self.has_role(m);
         }
-        self.oldest = view
-            .members
-            .iter()
-            .filter(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving))
-            .filter(|m| self.has_role(m))
-            .min_by(|a, b| (a.up_number, &a.unique_address).cmp(&(b.up_number, &b.unique_address)))
+        self.oldest = oldest_eligible(&view.members, self.settings.role.as_deref())
             .map(|m| m.unique_address.clone());
 
         for member in &view.members {
@@ -443,6 +438,16 @@ impl SingletonManager {
             kind,
         })
     }
+}
+
+/// The member a singleton belongs on: the oldest Up or Leaving one with `role` (any member
+/// when None). Managers and proxies must agree on it.
+pub fn oldest_eligible<'a>(members: &'a [Member], role: Option<&str>) -> Option<&'a Member> {
+    members
+        .iter()
+        .filter(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving))
+        .filter(|m| role.is_none_or(|r| m.has_role(r)))
+        .min_by(|a, b| (a.up_number, &a.unique_address).cmp(&(b.up_number, &b.unique_address)))
 }
 
 /// Whether `predecessor` can no longer run an instance (see the module docs).
