@@ -127,6 +127,7 @@ impl SingletonRequests {
         self.receiver.recv().await
     }
 
+    /// The next request if one is queued.
     pub fn try_recv(&mut self) -> Option<SingletonRequest> {
         self.receiver.try_recv().ok()
     }
@@ -229,7 +230,10 @@ impl<T: Transport> Singletons<T> {
     }
 
     /// Starts the manager of singleton `name` on this node; `factory` starts the instance
-    /// whenever this node is to run it (see the module docs).
+    /// whenever this node is to run it (see the module docs). Start it on every node that has
+    /// the singleton's role: the oldest of them hosts the instance, and a node that never
+    /// answers the hand-over is waited for until it has left. Dropping the returned handle
+    /// leaves the singleton running; [`ClusterSingleton::stop`] stops it.
     pub fn start_singleton<F>(
         &self,
         name: &str,
@@ -239,7 +243,6 @@ impl<T: Transport> Singletons<T> {
     where
         F: FnMut(InstanceContext) -> JoinHandle<()> + Send + 'static,
     {
-        validate_name(name)?;
         let manager =
             SingletonManager::new(name, self.transport.local().clone(), settings.clone())?;
         if self.shutdown.is_cancelled() {
