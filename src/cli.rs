@@ -135,6 +135,33 @@ pub struct NodeArgs {
     /// Time an entity command waits for its reply [default: 5s] [env: TESSERA_ENTITY_ASK_TIMEOUT]
     #[arg(long, value_name = "DURATION")]
     pub entity_ask_timeout: Option<String>,
+    /// Where shard coordinators keep their state: ddata or persistence [default: ddata] [env: TESSERA_STATE_STORE_MODE]
+    #[arg(long, value_name = "MODE")]
+    pub state_store_mode: Option<String>,
+    /// Whether shards remember their entities to restart them: off, ddata or eventsourced [default: off] [env: TESSERA_REMEMBER_ENTITIES]
+    #[arg(long, value_name = "STORE")]
+    pub remember_entities: Option<String>,
+    /// Shards per entity type, 1..=100000; fixed for the cluster's life [default: 1000] [env: TESSERA_NUMBER_OF_SHARDS]
+    #[arg(long, value_name = "N")]
+    pub number_of_shards: Option<String>,
+    /// How often the shard coordinator considers a rebalance [default: 10s] [env: TESSERA_REBALANCE_INTERVAL]
+    #[arg(long, value_name = "DURATION")]
+    pub rebalance_interval: Option<String>,
+    /// Most shards moved per rebalance round [default: 20] [env: TESSERA_REBALANCE_ABSOLUTE_LIMIT]
+    #[arg(long, value_name = "N")]
+    pub rebalance_absolute_limit: Option<String>,
+    /// Most shards moved per rebalance round as a fraction of all shards, in (0, 1] [default: 0.1] [env: TESSERA_REBALANCE_RELATIVE_LIMIT]
+    #[arg(long, value_name = "FRACTION")]
+    pub rebalance_relative_limit: Option<String>,
+    /// A shard handoff not done within this long is given up [default: 1m] [env: TESSERA_HANDOFF_TIMEOUT]
+    #[arg(long, value_name = "DURATION")]
+    pub handoff_timeout: Option<String>,
+    /// Live entities per entity type on this node, least recently used passivated beyond it, 0 = no limit [default: 100000] [env: TESSERA_ACTIVE_ENTITY_LIMIT]
+    #[arg(long, value_name = "N")]
+    pub active_entity_limit: Option<String>,
+    /// Messages a shard region buffers for shards whose home is not known yet [default: 100000] [env: TESSERA_SHARD_BUFFER_SIZE]
+    #[arg(long, value_name = "N")]
+    pub shard_buffer_size: Option<String>,
 }
 
 impl NodeArgs {
@@ -172,6 +199,15 @@ impl NodeArgs {
             entity_ask_timeout: self.entity_ask_timeout.as_deref().map(Into::into),
             journal_replication_factor: self.journal_replication_factor.as_deref().map(Into::into),
             journal_write_quorum: self.journal_write_quorum.as_deref().map(Into::into),
+            state_store_mode: self.state_store_mode.clone(),
+            remember_entities: self.remember_entities.clone(),
+            number_of_shards: self.number_of_shards.as_deref().map(Into::into),
+            rebalance_interval: self.rebalance_interval.as_deref().map(Into::into),
+            rebalance_absolute_limit: self.rebalance_absolute_limit.as_deref().map(Into::into),
+            rebalance_relative_limit: self.rebalance_relative_limit.as_deref().map(Into::into),
+            handoff_timeout: self.handoff_timeout.as_deref().map(Into::into),
+            active_entity_limit: self.active_entity_limit.as_deref().map(Into::into),
+            shard_buffer_size: self.shard_buffer_size.as_deref().map(Into::into),
         }
     }
 
@@ -283,7 +319,7 @@ pub struct BenchEntitiesArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DowningStrategy, KEYS};
+    use crate::config::{DowningStrategy, KEYS, RememberEntities, StateStoreMode};
     use clap::CommandFactory;
     use std::time::Duration;
 
@@ -369,6 +405,52 @@ mod tests {
         assert_eq!(config.snapshot_every, 250);
         assert_eq!(config.passivate_after, Duration::from_secs(30));
         assert_eq!(config.entity_ask_timeout, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn sharding_flags_reach_the_config() {
+        let args = node(&[
+            "--state-store-mode",
+            "persistence",
+            "--remember-entities",
+            "eventsourced",
+            "--number-of-shards",
+            "64",
+            "--rebalance-interval",
+            "2s",
+            "--rebalance-absolute-limit",
+            "3",
+            "--rebalance-relative-limit",
+            "0.25",
+            "--handoff-timeout",
+            "15s",
+            "--active-entity-limit",
+            "0",
+            "--shard-buffer-size",
+            "1000",
+        ]);
+        let env = vec![
+            ("TESSERA_STATE_STORE_MODE".into(), "ddata".into()),
+            ("TESSERA_NUMBER_OF_SHARDS".into(), "32".into()),
+            ("TESSERA_SHARD_BUFFER_SIZE".into(), "5".into()),
+        ];
+        let config = args.to_config_with_env(env).unwrap();
+        assert_eq!(config.state_store_mode, StateStoreMode::Persistence);
+        assert_eq!(config.remember_entities, RememberEntities::Eventsourced);
+        assert_eq!(config.number_of_shards, 64);
+        assert_eq!(config.rebalance_interval, Duration::from_secs(2));
+        assert_eq!(config.rebalance_absolute_limit, 3);
+        assert_eq!(config.rebalance_relative_limit, 0.25);
+        assert_eq!(config.handoff_timeout, Duration::from_secs(15));
+        assert_eq!(config.active_entity_limit(), None);
+        assert_eq!(config.shard_buffer_size, 1000);
+        let err = node(&["--remember-entities", "yes"])
+            .to_config_with_env(no_env())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"invalid value "yes" for remember_entities: expected off, ddata or eventsourced"#
+        );
     }
 
     #[test]
@@ -464,6 +546,15 @@ mod tests {
             format!("[default: {}]", d.snapshot_every),
             format!("[default: {}]", dur(d.passivate_after)),
             format!("[default: {}]", dur(d.entity_ask_timeout)),
+            format!("[default: {}]", d.state_store_mode),
+            format!("[default: {}]", d.remember_entities),
+            format!("[default: {}]", d.number_of_shards),
+            format!("[default: {}]", dur(d.rebalance_interval)),
+            format!("[default: {}]", d.rebalance_absolute_limit),
+            format!("[default: {}]", d.rebalance_relative_limit),
+            format!("[default: {}]", dur(d.handoff_timeout)),
+            format!("[default: {}]", d.active_entity_limit),
+            format!("[default: {}]", d.shard_buffer_size),
         ] {
             assert!(help.contains(&expected), "{expected} missing from:\n{help}");
         }

@@ -18,7 +18,7 @@ use tessera_cluster::Address;
 /// Every configuration key, as written in the TOML file; the environment variable is
 /// `TESSERA_` followed by the key in upper case, the flag is the key with `-` for `_`
 /// (except `seed_nodes`, whose flag is the repeatable `--seed`).
-pub const KEYS: [&str; 30] = [
+pub const KEYS: [&str; 39] = [
     "host",
     "port",
     "http_host",
@@ -49,6 +49,15 @@ pub const KEYS: [&str; 30] = [
     "entity_ask_timeout",
     "journal_replication_factor",
     "journal_write_quorum",
+    "state_store_mode",
+    "remember_entities",
+    "number_of_shards",
+    "rebalance_interval",
+    "rebalance_absolute_limit",
+    "rebalance_relative_limit",
+    "handoff_timeout",
+    "active_entity_limit",
+    "shard_buffer_size",
 ];
 
 /// Environment variable naming the config file when `--config` is not given.
@@ -64,6 +73,11 @@ pub const MAX_REPLICATION_FACTOR: u64 = 7;
 /// Largest accepted `snapshot_every`: beyond it recovery replays so many events that a
 /// snapshot hardly helps.
 pub const MAX_SNAPSHOT_EVERY: u64 = 1_000_000;
+
+/// Largest accepted `number_of_shards` (and `rebalance_absolute_limit`, which can never move
+/// more shards than there are): Akka suggests ten times the largest number of nodes, and every
+/// shard costs the coordinator state and the regions a table entry.
+pub const MAX_NUMBER_OF_SHARDS: u64 = 100_000;
 
 /// A validated node configuration. Build it with [`NodeConfig::load`] (all sources) or
 /// [`NodeConfig::from_layer`]; `Default` gives the documented defaults.
@@ -126,6 +140,29 @@ pub struct NodeConfig {
     pub journal_replication_factor: u32,
     /// Replicas that must hold an event before it is acknowledged (W, more than N/2).
     pub journal_write_quorum: u32,
+    /// Where each entity type's shard coordinator keeps its state.
+    pub state_store_mode: StateStoreMode,
+    /// Whether and where shards remember their entities, to restart them wherever the shard
+    /// lands.
+    pub remember_entities: RememberEntities,
+    /// Shards per entity type; entity id → shard is a stable hash modulo this number, so it is
+    /// fixed for the cluster's life (changing it needs a full cluster stop).
+    pub number_of_shards: u32,
+    /// How often the shard coordinator considers a rebalance round.
+    pub rebalance_interval: Duration,
+    /// Most shards moved in one rebalance round (with `rebalance_relative_limit`, the smaller
+    /// wins).
+    pub rebalance_absolute_limit: u32,
+    /// Most shards moved in one rebalance round, as a fraction of `number_of_shards`, in (0, 1].
+    pub rebalance_relative_limit: f64,
+    /// A shard handoff not finished within this long is given up; the shard stays put.
+    pub handoff_timeout: Duration,
+    /// Live entities per entity type on this node; beyond it the least recently used are
+    /// passivated (0: no limit). See [`NodeConfig::active_entity_limit`].
+    pub active_entity_limit: u64,
+    /// How many messages a shard region buffers for shards whose home it does not know yet;
+    /// one more is refused with an error.
+    pub shard_buffer_size: u32,
 }
 
 impl Default for NodeConfig {
@@ -163,6 +200,16 @@ impl Default for NodeConfig {
             // blocking anything.
             journal_replication_factor: 3,
             journal_write_quorum: 2,
+            // Akka's defaults for cluster sharding.
+            state_store_mode: StateStoreMode::Ddata,
+            remember_entities: RememberEntities::Off,
+            number_of_shards: 1000,
+            rebalance_interval: Duration::from_secs(10),
+            rebalance_absolute_limit: 20,
+            rebalance_relative_limit: 0.1,
+            handoff_timeout: Duration::from_secs(60),
+            active_entity_limit: 100_000,
+            shard_buffer_size: 100_000,
         }
     }
 }
@@ -218,6 +265,77 @@ impl DowningStrategy {
             DowningStrategy::KeepOldest { .. } => "keep-oldest",
             DowningStrategy::DownAll => "down-all",
         }
+    }
+}
+
+/// Where each entity type's shard coordinator keeps its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateStoreMode {
+    /// Distributed Data, written and read with a majority plus a margin (Akka's default).
+    Ddata,
+    /// An event-sourced entity in the replicated journal, with snapshots and a fenced writer.
+    Persistence,
+}
+
+impl StateStoreMode {
+    /// The name used in config, flags and environment (`ddata`, `persistence`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateStoreMode::Ddata => "ddata",
+            StateStoreMode::Persistence => "persistence",
+        }
+    }
+
+    /// The mode named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [StateStoreMode::Ddata, StateStoreMode::Persistence]
+            .into_iter()
+            .find(|mode| mode.as_str() == name)
+    }
+}
+
+impl fmt::Display for StateStoreMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether and where shards remember their entities, to restart them wherever the shard lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RememberEntities {
+    /// Entities start on their first message only (Akka's default).
+    Off,
+    /// Remembered in durable Distributed Data.
+    Ddata,
+    /// Remembered as events in the replicated journal.
+    Eventsourced,
+}
+
+impl RememberEntities {
+    /// The name used in config, flags and environment (`off`, `ddata`, `eventsourced`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RememberEntities::Off => "off",
+            RememberEntities::Ddata => "ddata",
+            RememberEntities::Eventsourced => "eventsourced",
+        }
+    }
+
+    /// The setting named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            RememberEntities::Off,
+            RememberEntities::Ddata,
+            RememberEntities::Eventsourced,
+        ]
+        .into_iter()
+        .find(|store| store.as_str() == name)
+    }
+}
+
+impl fmt::Display for RememberEntities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -376,6 +494,15 @@ pub struct ConfigLayer {
     pub entity_ask_timeout: Option<Scalar>,
     pub journal_replication_factor: Option<Scalar>,
     pub journal_write_quorum: Option<Scalar>,
+    pub state_store_mode: Option<String>,
+    pub remember_entities: Option<String>,
+    pub number_of_shards: Option<Scalar>,
+    pub rebalance_interval: Option<Scalar>,
+    pub rebalance_absolute_limit: Option<Scalar>,
+    pub rebalance_relative_limit: Option<Scalar>,
+    pub handoff_timeout: Option<Scalar>,
+    pub active_entity_limit: Option<Scalar>,
+    pub shard_buffer_size: Option<Scalar>,
 }
 
 impl ConfigLayer {
@@ -453,6 +580,15 @@ impl ConfigLayer {
             "entity_ask_timeout" => self.entity_ask_timeout = scalar(),
             "journal_replication_factor" => self.journal_replication_factor = scalar(),
             "journal_write_quorum" => self.journal_write_quorum = scalar(),
+            "state_store_mode" => self.state_store_mode = text(),
+            "remember_entities" => self.remember_entities = text(),
+            "number_of_shards" => self.number_of_shards = scalar(),
+            "rebalance_interval" => self.rebalance_interval = scalar(),
+            "rebalance_absolute_limit" => self.rebalance_absolute_limit = scalar(),
+            "rebalance_relative_limit" => self.rebalance_relative_limit = scalar(),
+            "handoff_timeout" => self.handoff_timeout = scalar(),
+            "active_entity_limit" => self.active_entity_limit = scalar(),
+            "shard_buffer_size" => self.shard_buffer_size = scalar(),
             _ => return false,
         }
         true
@@ -498,6 +634,19 @@ impl ConfigLayer {
                 .journal_replication_factor
                 .or(self.journal_replication_factor),
             journal_write_quorum: over.journal_write_quorum.or(self.journal_write_quorum),
+            state_store_mode: over.state_store_mode.or(self.state_store_mode),
+            remember_entities: over.remember_entities.or(self.remember_entities),
+            number_of_shards: over.number_of_shards.or(self.number_of_shards),
+            rebalance_interval: over.rebalance_interval.or(self.rebalance_interval),
+            rebalance_absolute_limit: over
+                .rebalance_absolute_limit
+                .or(self.rebalance_absolute_limit),
+            rebalance_relative_limit: over
+                .rebalance_relative_limit
+                .or(self.rebalance_relative_limit),
+            handoff_timeout: over.handoff_timeout.or(self.handoff_timeout),
+            active_entity_limit: over.active_entity_limit.or(self.active_entity_limit),
+            shard_buffer_size: over.shard_buffer_size.or(self.shard_buffer_size),
         }
     }
 }
@@ -732,6 +881,53 @@ impl NodeConfig {
                 |k, v| parse_int(k, v, 1, MAX_REPLICATION_FACTOR).map(|n| n as u32),
             )?
             .unwrap_or(d.journal_write_quorum),
+            state_store_mode: match layer.state_store_mode {
+                Some(mode) => StateStoreMode::from_name(mode.trim())
+                    .ok_or_else(|| invalid("state_store_mode", &mode, "ddata or persistence"))?,
+                None => d.state_store_mode,
+            },
+            remember_entities: match layer.remember_entities {
+                Some(store) => RememberEntities::from_name(store.trim()).ok_or_else(|| {
+                    invalid("remember_entities", &store, "off, ddata or eventsourced")
+                })?,
+                None => d.remember_entities,
+            },
+            number_of_shards: opt(layer.number_of_shards, "number_of_shards", |k, v| {
+                parse_int(k, v, 1, MAX_NUMBER_OF_SHARDS).map(|n| n as u32)
+            })?
+            .unwrap_or(d.number_of_shards),
+            rebalance_interval: opt(
+                layer.rebalance_interval,
+                "rebalance_interval",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.rebalance_interval),
+            rebalance_absolute_limit: opt(
+                layer.rebalance_absolute_limit,
+                "rebalance_absolute_limit",
+                |k, v| parse_int(k, v, 1, MAX_NUMBER_OF_SHARDS).map(|n| n as u32),
+            )?
+            .unwrap_or(d.rebalance_absolute_limit),
+            rebalance_relative_limit: opt(
+                layer.rebalance_relative_limit,
+                "rebalance_relative_limit",
+                parse_fraction,
+            )?
+            .unwrap_or(d.rebalance_relative_limit),
+            handoff_timeout: opt(
+                layer.handoff_timeout,
+                "handoff_timeout",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.handoff_timeout),
+            active_entity_limit: opt(layer.active_entity_limit, "active_entity_limit", |k, v| {
+                parse_int(k, v, 0, u64::MAX)
+            })?
+            .unwrap_or(d.active_entity_limit),
+            shard_buffer_size: opt(layer.shard_buffer_size, "shard_buffer_size", |k, v| {
+                parse_int(k, v, 1, u32::MAX.into()).map(|n| n as u32)
+            })?
+            .unwrap_or(d.shard_buffer_size),
             host,
             http_host,
             cluster_secret,
@@ -799,6 +995,12 @@ impl NodeConfig {
     /// The address the cluster transport binds to and advertises.
     pub fn cluster_address(&self) -> Address {
         Address::new(self.host.clone(), self.port)
+    }
+
+    /// `active_entity_limit` as the entities host takes it: `None` for 0 (no limit).
+    pub fn active_entity_limit(&self) -> Option<usize> {
+        (self.active_entity_limit != 0)
+            .then(|| usize::try_from(self.active_entity_limit).unwrap_or(usize::MAX))
     }
 }
 
@@ -908,24 +1110,40 @@ fn parse_bool(key: &'static str, value: &Scalar) -> Result<bool, ConfigError> {
     }
 }
 
-fn parse_threshold(key: &'static str, value: &Scalar) -> Result<f64, ConfigError> {
+/// A number in `(0, max]`, from a TOML float or integer or a text value; `example` shows the
+/// form in the message for a value that is not a number.
+fn parse_positive_number(
+    key: &'static str,
+    value: &Scalar,
+    max: f64,
+    example: &str,
+) -> Result<f64, ConfigError> {
+    let expected = || format!("a number like {example}");
     let x = match value {
         Scalar::Float(x) => *x,
         Scalar::Int(i) => *i as f64,
         Scalar::Text(t) => t
             .trim()
             .parse()
-            .map_err(|_| invalid(key, t, "a number like 8.0"))?,
-        Scalar::Bool(b) => return Err(invalid(key, &b.to_string(), "a number like 8.0")),
+            .map_err(|_| invalid_owned(key, t, expected()))?,
+        Scalar::Bool(b) => return Err(invalid_owned(key, &b.to_string(), expected())),
     };
-    if !x.is_finite() || x <= 0.0 || x > 1000.0 {
+    if !x.is_finite() || x <= 0.0 || x > max {
         return Err(ConfigError::OutOfRange {
             key,
             value: value.to_string(),
-            allowed: "a number greater than 0 and at most 1000".into(),
+            allowed: format!("a number greater than 0 and at most {max}"),
         });
     }
     Ok(x)
+}
+
+fn parse_threshold(key: &'static str, value: &Scalar) -> Result<f64, ConfigError> {
+    parse_positive_number(key, value, 1000.0, "8.0")
+}
+
+fn parse_fraction(key: &'static str, value: &Scalar) -> Result<f64, ConfigError> {
+    parse_positive_number(key, value, 1.0, "0.1")
 }
 
 #[cfg(test)]
@@ -1393,6 +1611,212 @@ mod tests {
             error(&[("passivate_after", "soon")]),
             r#"invalid value "soon" for passivate_after: expected a duration like 2s or 500ms"#
         );
+    }
+
+    #[test]
+    fn sharding_keys_default_to_akkas_values() {
+        let config = from(&[]).unwrap();
+        assert_eq!(config.state_store_mode, StateStoreMode::Ddata);
+        assert_eq!(config.remember_entities, RememberEntities::Off);
+        assert_eq!(config.number_of_shards, 1000);
+        assert_eq!(config.rebalance_interval, Duration::from_secs(10));
+        assert_eq!(config.rebalance_absolute_limit, 20);
+        assert_eq!(config.rebalance_relative_limit, 0.1);
+        assert_eq!(config.handoff_timeout, Duration::from_secs(60));
+        assert_eq!(config.active_entity_limit, 100_000);
+        assert_eq!(config.active_entity_limit(), Some(100_000));
+        assert_eq!(config.shard_buffer_size, 100_000);
+    }
+
+    #[test]
+    fn sharding_keys_are_read_from_the_file_and_overridden_by_env_and_flags() {
+        let file = toml_file(
+            "state_store_mode = \"persistence\"\nremember_entities = \"ddata\"\n\
+             number_of_shards = 300\nrebalance_interval = \"5s\"\n\
+             rebalance_absolute_limit = 5\nrebalance_relative_limit = 0.5\n\
+             handoff_timeout = \"30s\"\nactive_entity_limit = 0\nshard_buffer_size = 10\n",
+        );
+        let config = NodeConfig::load(ConfigLayer::default(), Some(file.path()), env(&[])).unwrap();
+        assert_eq!(config.state_store_mode, StateStoreMode::Persistence);
+        assert_eq!(config.remember_entities, RememberEntities::Ddata);
+        assert_eq!(config.number_of_shards, 300);
+        assert_eq!(config.rebalance_interval, Duration::from_secs(5));
+        assert_eq!(config.rebalance_absolute_limit, 5);
+        assert_eq!(config.rebalance_relative_limit, 0.5);
+        assert_eq!(config.handoff_timeout, Duration::from_secs(30));
+        assert_eq!(config.active_entity_limit, 0);
+        assert_eq!(config.shard_buffer_size, 10);
+
+        let envs = env(&[
+            ("TESSERA_STATE_STORE_MODE", "ddata"),
+            ("TESSERA_REMEMBER_ENTITIES", "eventsourced"),
+            ("TESSERA_NUMBER_OF_SHARDS", "400"),
+            ("TESSERA_REBALANCE_INTERVAL", "6s"),
+            ("TESSERA_REBALANCE_ABSOLUTE_LIMIT", "6"),
+            ("TESSERA_REBALANCE_RELATIVE_LIMIT", "0.6"),
+            ("TESSERA_HANDOFF_TIMEOUT", "40s"),
+            ("TESSERA_ACTIVE_ENTITY_LIMIT", "500"),
+            ("TESSERA_SHARD_BUFFER_SIZE", "20"),
+        ]);
+        let config =
+            NodeConfig::load(ConfigLayer::default(), Some(file.path()), envs.clone()).unwrap();
+        assert_eq!(
+            config.state_store_mode,
+            StateStoreMode::Ddata,
+            "env over file"
+        );
+        assert_eq!(config.remember_entities, RememberEntities::Eventsourced);
+        assert_eq!(config.number_of_shards, 400);
+        assert_eq!(config.rebalance_interval, Duration::from_secs(6));
+        assert_eq!(config.rebalance_absolute_limit, 6);
+        assert_eq!(config.rebalance_relative_limit, 0.6);
+        assert_eq!(config.handoff_timeout, Duration::from_secs(40));
+        assert_eq!(config.active_entity_limit, 500);
+        assert_eq!(config.shard_buffer_size, 20);
+
+        let flags = layer(&[
+            ("state_store_mode", "persistence"),
+            ("remember_entities", "off"),
+            ("number_of_shards", "500"),
+            ("rebalance_interval", "7s"),
+            ("rebalance_absolute_limit", "7"),
+            ("rebalance_relative_limit", "1"),
+            ("handoff_timeout", "50s"),
+            ("active_entity_limit", "0"),
+            ("shard_buffer_size", "30"),
+        ]);
+        let config = NodeConfig::load(flags, Some(file.path()), envs).unwrap();
+        assert_eq!(
+            config.state_store_mode,
+            StateStoreMode::Persistence,
+            "flag over env"
+        );
+        assert_eq!(config.remember_entities, RememberEntities::Off);
+        assert_eq!(config.number_of_shards, 500);
+        assert_eq!(config.rebalance_interval, Duration::from_secs(7));
+        assert_eq!(config.rebalance_absolute_limit, 7);
+        assert_eq!(config.rebalance_relative_limit, 1.0);
+        assert_eq!(config.handoff_timeout, Duration::from_secs(50));
+        assert_eq!(config.active_entity_limit, 0);
+        assert_eq!(config.shard_buffer_size, 30);
+    }
+
+    #[test]
+    fn state_store_mode_and_remember_entities_names_are_checked() {
+        assert_eq!(
+            error(&[("state_store_mode", "memory")]),
+            r#"invalid value "memory" for state_store_mode: expected ddata or persistence"#
+        );
+        assert_eq!(
+            error(&[("remember_entities", "true")]),
+            r#"invalid value "true" for remember_entities: expected off, ddata or eventsourced"#
+        );
+        let err = ConfigLayer::from_toml("remember_entities = true\n", Path::new("f"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("remember_entities"), "{err}");
+        for mode in [StateStoreMode::Ddata, StateStoreMode::Persistence] {
+            let config = from(&[("state_store_mode", mode.as_str())]).unwrap();
+            assert_eq!(config.state_store_mode, mode);
+        }
+        for store in [
+            RememberEntities::Off,
+            RememberEntities::Ddata,
+            RememberEntities::Eventsourced,
+        ] {
+            let config = from(&[("remember_entities", store.as_str())]).unwrap();
+            assert_eq!(config.remember_entities, store);
+        }
+    }
+
+    #[test]
+    fn sharding_counts_name_the_key_the_value_and_the_range() {
+        assert_eq!(
+            error(&[("number_of_shards", "0")]),
+            "number_of_shards = 0: must be between 1 and 100000"
+        );
+        assert_eq!(
+            error(&[("number_of_shards", "100001")]),
+            "number_of_shards = 100001: must be between 1 and 100000"
+        );
+        assert_eq!(
+            from(&[("number_of_shards", "100000")])
+                .unwrap()
+                .number_of_shards,
+            100_000
+        );
+        assert_eq!(
+            error(&[("number_of_shards", "many")]),
+            r#"invalid value "many" for number_of_shards: expected an integer"#
+        );
+        assert_eq!(
+            error(&[("rebalance_absolute_limit", "0")]),
+            "rebalance_absolute_limit = 0: must be between 1 and 100000"
+        );
+        assert_eq!(
+            error(&[("shard_buffer_size", "0")]),
+            "shard_buffer_size = 0: must be between 1 and 4294967295"
+        );
+        assert_eq!(
+            error(&[("shard_buffer_size", "4294967296")]),
+            "shard_buffer_size = 4294967296: must be between 1 and 4294967295"
+        );
+        assert_eq!(
+            error(&[("active_entity_limit", "-1")]),
+            "active_entity_limit = -1: must be between 0 and 18446744073709551615"
+        );
+    }
+
+    #[test]
+    fn rebalance_relative_limit_is_a_fraction_above_zero_and_at_most_one() {
+        for bad in ["0", "-0.1", "1.5", "NaN", "inf"] {
+            assert_eq!(
+                error(&[("rebalance_relative_limit", bad)]),
+                format!(
+                    "rebalance_relative_limit = {bad}: must be a number greater than 0 and at \
+                     most 1"
+                )
+            );
+        }
+        assert_eq!(
+            error(&[("rebalance_relative_limit", "10%")]),
+            r#"invalid value "10%" for rebalance_relative_limit: expected a number like 0.1"#
+        );
+        let file =
+            ConfigLayer::from_toml("rebalance_relative_limit = 1\n", Path::new("f")).unwrap();
+        assert_eq!(
+            NodeConfig::from_layer(file)
+                .unwrap()
+                .rebalance_relative_limit,
+            1.0
+        );
+    }
+
+    #[test]
+    fn sharding_timers_must_be_positive_durations() {
+        assert_eq!(
+            error(&[("rebalance_interval", "0s")]),
+            "rebalance_interval = 0s: must be greater than zero"
+        );
+        assert_eq!(
+            error(&[("handoff_timeout", "0ms")]),
+            "handoff_timeout = 0ms: must be greater than zero"
+        );
+        assert_eq!(
+            error(&[("handoff_timeout", "60")]),
+            r#"invalid value "60" for handoff_timeout: expected a duration like 2s or 500ms"#
+        );
+        let config = from(&[("rebalance_interval", "500ms"), ("handoff_timeout", "2m")]).unwrap();
+        assert_eq!(config.rebalance_interval, Duration::from_millis(500));
+        assert_eq!(config.handoff_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn active_entity_limit_zero_means_no_limit() {
+        let config = from(&[("active_entity_limit", "0")]).unwrap();
+        assert_eq!(config.active_entity_limit(), None);
+        let config = from(&[("active_entity_limit", "64")]).unwrap();
+        assert_eq!(config.active_entity_limit(), Some(64));
     }
 
     #[test]
