@@ -97,12 +97,17 @@ impl Persistence {
             settings.writers.clone(),
             metrics.clone(),
         );
+        let mut maintenance_settings = settings.maintenance.clone();
+        // A writer serving the log elsewhere moves it itself; wait until none can be.
+        maintenance_settings.takeover_grace = maintenance_settings
+            .takeover_grace
+            .max(settings.writers.writer_idle_timeout + maintenance_settings.scan_interval);
         let maintenance = maintenance::start(
             store.clone(),
             caller.clone(),
             writers.clone(),
             membership,
-            settings.maintenance.clone(),
+            maintenance_settings,
         );
         let snapshots = Arc::new(ReplicatedSnapshotStore::new(
             writers.clone(),

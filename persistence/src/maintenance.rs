@@ -9,6 +9,12 @@
 //! (one member per change); the writer is dropped again once it is idle. At most
 //! `max_concurrent` such writers run at once, so a full scan of `L` logs takes at most about
 //! `L / page_size` rounds plus the time their changes take.
+//!
+//! A log that an entity writes on another node is moved by that node's writer, which sees the
+//! membership change itself; taking it over from here would fence that writer and fail the
+//! entity's commands in flight. So a log is taken care of only once it has needed care for
+//! `takeover_grace` (longer than a writer stays without writes before it is dropped): by then
+//! no writer anywhere is serving it.
 
 use crate::caller::ReplicaCaller;
 use crate::store::ReplicaStore;
@@ -35,7 +41,14 @@ pub struct MaintenanceSettings {
     pub page_size: usize,
     /// Logs being moved at once by this node.
     pub max_concurrent: usize,
+    /// How long a log must have needed care before this node takes it over (see the module
+    /// documentation); never less than the writers' idle timeout plus `scan_interval`.
+    pub takeover_grace: Duration,
 }
+
+/// Logs remembered as needing care, at most; beyond it, newly seen ones wait for the next
+/// pass (the scan finds them again).
+pub const NEEDING_CARE_CAPACITY: usize = 100_000;
 
 impl Default for MaintenanceSettings {
     fn default() -> Self {
@@ -43,6 +56,8 @@ impl Default for MaintenanceSettings {
             scan_interval: Duration::from_secs(2),
             page_size: 512,
             max_concurrent: 32,
+            // Raised to the writers' idle timeout plus a scan interval when started.
+            takeover_grace: Duration::ZERO,
         }
     }
 }
@@ -83,6 +98,8 @@ pub(crate) fn start(
         let local = caller.local().0.clone();
         let mut after: Option<String> = None;
         let mut storage_ids: HashMap<Address, u64> = HashMap::new();
+        // Logs that need care, and since when.
+        let mut needing_care: HashMap<String, tokio::time::Instant> = HashMap::new();
         loop {
             tokio::time::sleep(settings.scan_interval).await;
             let snapshot = membership.borrow_and_update().clone();
@@ -117,16 +134,30 @@ pub(crate) fn start(
                 page.last().map(|(id, _)| id.clone())
             };
             let mut started = 0;
+            let now = tokio::time::Instant::now();
             for (log, config) in page {
                 if started >= settings.max_concurrent {
                     // The rest of the page is looked at again in the next pass.
                     after = None;
                     break;
                 }
-                if has_lost_member(&config.config, &members, &storage_ids)
-                    && takes_care(&config.config, &members, &local)
+                if !(has_lost_member(&config.config, &members, &storage_ids)
+                    && takes_care(&config.config, &members, &local))
                 {
+                    needing_care.remove(&log);
+                    continue;
+                }
+                let since = match needing_care.get(&log) {
+                    Some(since) => *since,
+                    None if needing_care.len() < NEEDING_CARE_CAPACITY => {
+                        needing_care.insert(log.clone(), now);
+                        now
+                    }
+                    None => continue,
+                };
+                if now.duration_since(since) >= settings.takeover_grace {
                     started += 1;
+                    needing_care.remove(&log);
                     let _ = writers.send(Command::Maintain {
                         persistence_id: log,
                     });
