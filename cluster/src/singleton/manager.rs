@@ -15,7 +15,8 @@
 //!   [`HandOverKind::HandOverDone`] — it has no instance and has promised never to start one
 //!   again — or when it is gone from membership and cannot still run one:
 //!   - seen Down, then removed: `removal_margin` after the removal was seen (a crashed node,
-//!     downed; never while it is merely unreachable);
+//!     downed; never while it is merely unreachable). Seen Up and unreachable, then removed,
+//!     counts as seen Down: an unreachable Up member cannot leave without being downed;
 //!   - never seen Down (it left, or the view skipped its Down): additionally
 //!     `hand_over_retry_interval × min_hand_over_retries` after the removal and after its last
 //!     `HandOverInProgress`, because tessera's membership removes an Exiting member once it has
@@ -111,6 +112,11 @@ pub struct Sabotage {
 #[derive(Clone, Debug, Default)]
 struct Predecessor {
     seen_down: bool,
+    /// In the last view that listed it, it was Up (or joining) and unreachable. Such a member
+    /// can only leave membership by being downed: its leaving would need the convergence its
+    /// unreachability prevents. So a removal right after counts as seen Down even when the
+    /// view skipped the Down.
+    unreachable_while_up: bool,
     /// When this manager first saw it Removed or absent.
     removed_at: Option<Instant>,
     last_in_progress_at: Option<Instant>,
@@ -250,6 +256,11 @@ impl SingletonManager {
                 .predecessors
                 .entry(member.unique_address.clone())
                 .or_default();
+            predecessor.unreachable_while_up = view.unreachable.contains(&member.unique_address)
+                && matches!(
+                    member.status,
+                    MemberStatus::Up | MemberStatus::WeaklyUp | MemberStatus::Joining
+                );
             match member.status {
                 MemberStatus::Down => predecessor.seen_down = true,
                 MemberStatus::Removed => {
@@ -460,7 +471,7 @@ fn cleared(settings: &SingletonSettings, predecessor: &Predecessor, now: Instant
     };
     let silence = settings.hand_over_silence();
     let mut wait = settings.removal_margin;
-    if !predecessor.seen_down {
+    if !(predecessor.seen_down || predecessor.unreachable_while_up) {
         wait = wait.saturating_add(silence);
     }
     let quiet = predecessor
