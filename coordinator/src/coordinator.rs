@@ -4,10 +4,13 @@
 //!
 //! # Rules
 //!
-//! - **A shard home is told only after its allocation is stored.** Every state change is a
-//!   [`CoordinatorOutput::Write`]; the coordinator applies it, and sends what depends on it,
-//!   only when the driver reports [`ShardCoordinator::write_done`]. One write is in flight at
-//!   a time; region messages that arrive meanwhile wait in a bounded stash, in order. So a
+//! - **A shard home is told only after its allocation is stored.** State changes are written
+//!   in batches ([`CoordinatorOutput::Write`]); the coordinator applies a batch, and sends
+//!   what depends on it, only when the driver reports [`ShardCoordinator::write_done`]. One
+//!   batch is in flight at a time; region messages that arrive meanwhile wait in a bounded
+//!   stash, in order, and are all handled before the next batch is written, so the 200 shards
+//!   of a crashed node are allocated in one write. Decisions see the state with the batch
+//!   being built applied (the *projected* state), answers wait for the stored one. So a
 //!   coordinator that takes over after a crash reads every home anyone was ever told.
 //! - **Only regions of members that are exactly Up register and get new shards**; a region
 //!   that asked for a graceful shutdown gets none either.
@@ -47,9 +50,9 @@ pub struct MembershipView {
 pub enum CoordinatorOutput {
     /// Send a message to a region (one ordered link per region).
     Send { to: RegionId, message: ToRegion },
-    /// Store this state change, then call [`ShardCoordinator::write_done`] or
-    /// [`ShardCoordinator::write_failed`].
-    Write(StateEvent),
+    /// Store these state changes, atomically and in order, then call
+    /// [`ShardCoordinator::write_done`] or [`ShardCoordinator::write_failed`].
+    Write(Vec<StateEvent>),
     /// The coordinator cannot go on (its store refused it for good, e.g. another coordinator
     /// took over the state); the driver stops it.
     Stop { reason: String },
@@ -58,15 +61,8 @@ pub enum CoordinatorOutput {
 /// What happens once a write is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum After {
-    AckRegister(RegionId),
-    Allocated {
-        shard: ShardId,
-        region: RegionId,
-        requester: Option<RegionId>,
-    },
-    Deallocated {
-        shard: ShardId,
-    },
+    Allocated { shard: ShardId, region: RegionId },
+    Deallocated { shard: ShardId },
     Nothing,
 }
 
@@ -99,12 +95,21 @@ pub struct ShardCoordinator {
     nonce: u64,
     /// `None` until the driver loaded the stored state.
     state: Option<CoordinatorState>,
+    /// `state` with the batch in flight and the batch being built applied: what decisions see.
+    projected: Option<CoordinatorState>,
     view: MembershipView,
-    writing: Option<(StateEvent, After)>,
-    /// When the write in flight failed and should be tried again.
+    /// The batch in flight.
+    writing: Option<Vec<(StateEvent, After)>>,
+    /// When the batch in flight failed and should be tried again.
     retry_write_at: Option<Instant>,
-    queued_writes: VecDeque<(StateEvent, After)>,
+    /// The next batch, being built.
+    queued_writes: Vec<(StateEvent, After)>,
     stash: VecDeque<(RegionId, ToCoordinator)>,
+    /// Regions asking for a shard whose allocation is queued or in flight: answered once it
+    /// is stored.
+    awaiting_allocation: BTreeMap<ShardId, BTreeSet<RegionId>>,
+    /// Regions whose registration is queued or in flight: acknowledged once it is stored.
+    awaiting_registration: BTreeSet<RegionId>,
     rebalancing: BTreeMap<ShardId, Handoff>,
     /// Regions waiting for the home of a shard in handoff.
     deferred: BTreeMap<ShardId, BTreeSet<RegionId>>,
@@ -125,11 +130,14 @@ impl ShardCoordinator {
             settings,
             nonce,
             state: None,
+            projected: None,
             view: MembershipView::default(),
             writing: None,
             retry_write_at: None,
-            queued_writes: VecDeque::new(),
+            queued_writes: Vec::new(),
             stash: VecDeque::new(),
+            awaiting_allocation: BTreeMap::new(),
+            awaiting_registration: BTreeSet::new(),
             rebalancing: BTreeMap::new(),
             deferred: BTreeMap::new(),
             unstarted: BTreeMap::new(),
@@ -164,6 +172,7 @@ impl ShardCoordinator {
         state: CoordinatorState,
         now: Instant,
     ) -> Vec<CoordinatorOutput> {
+        self.projected = Some(state.clone());
         self.state = Some(state);
         self.next_rebalance_at = Some(now + self.settings.rebalance_interval);
         let mut out = Vec::new();
@@ -228,20 +237,35 @@ impl ShardCoordinator {
         out
     }
 
-    /// The write in flight is stored.
+    /// The batch in flight is stored.
     pub fn write_done(&mut self, now: Instant) -> Vec<CoordinatorOutput> {
         let mut out = Vec::new();
-        let Some((event, after)) = self.writing.take() else {
+        let Some(batch) = self.writing.take() else {
             return out;
         };
         self.retry_write_at = None;
         self.stats.writes += 1;
-        let applied = match self.state.as_mut() {
-            Some(state) => state.apply(&event).is_ok(),
-            None => false,
-        };
-        if applied {
-            self.after_write(after, now, &mut out);
+        for (event, after) in batch {
+            let applied = match self.state.as_mut() {
+                Some(state) => state.apply(&event).is_ok(),
+                None => false,
+            };
+            if applied {
+                self.after_write(after, now, &mut out);
+            }
+        }
+        let registered: Vec<RegionId> = self
+            .awaiting_registration
+            .iter()
+            .filter(|r| self.state.as_ref().is_some_and(|s| s.is_registered(r)))
+            .cloned()
+            .collect();
+        for region in registered {
+            self.awaiting_registration.remove(&region);
+            out.push(CoordinatorOutput::Send {
+                to: region,
+                message: ToRegion::RegisterAck,
+            });
         }
         self.continue_work(now, &mut out);
         out
@@ -274,11 +298,13 @@ impl ShardCoordinator {
         if self.stopped || self.state.is_none() {
             return out;
         }
-        if let (Some(at), Some((event, _))) = (self.retry_write_at, &self.writing)
+        if let (Some(at), Some(batch)) = (self.retry_write_at, &self.writing)
             && now >= at
         {
             self.retry_write_at = None;
-            out.push(CoordinatorOutput::Write(event.clone()));
+            out.push(CoordinatorOutput::Write(
+                batch.iter().map(|(event, _)| event.clone()).collect(),
+            ));
         }
         for (shard, (owner, last)) in &mut self.unstarted {
             if now.duration_since(*last) >= self.settings.shard_start_timeout {
@@ -332,8 +358,10 @@ impl ShardCoordinator {
         out
     }
 
+    /// Whether region messages must wait in the stash: until the state is loaded, and while
+    /// a batch is in flight.
     fn is_busy(&self) -> bool {
-        self.state.is_none() || self.writing.is_some() || !self.queued_writes.is_empty()
+        self.state.is_none() || self.writing.is_some()
     }
 
     fn stash_message(&mut self, from: RegionId, message: ToCoordinator) {
@@ -345,70 +373,59 @@ impl ShardCoordinator {
         self.stash.push_back((from, message));
     }
 
-    /// Starts the next queued write, or, when none is left, handles stashed messages (in
-    /// order) and the work that waits for an idle coordinator.
+    /// When no batch is in flight: handles every stashed message (in order) and the work that
+    /// waits for an idle coordinator, then writes what they decided as one batch.
     fn continue_work(&mut self, now: Instant, out: &mut Vec<CoordinatorOutput>) {
-        loop {
-            if self.stopped || self.state.is_none() || self.writing.is_some() {
-                return;
-            }
-            if let Some((event, after)) = self.queued_writes.pop_front() {
-                let fits = self.state.as_ref().is_some_and(|s| s.check(&event).is_ok());
-                if fits {
-                    out.push(CoordinatorOutput::Write(event.clone()));
-                    self.writing = Some((event, after));
-                }
-                continue;
-            }
-            if let Some((from, message)) = self.stash.pop_front() {
-                self.handle(from, message, now, out);
-                continue;
-            }
-            if self.allocate_unallocated(out) {
-                continue;
-            }
-            self.hand_off_shutting_down(now, out);
+        if self.stopped || self.state.is_none() || self.writing.is_some() {
             return;
+        }
+        while let Some((from, message)) = self.stash.pop_front() {
+            self.handle(from, message, now, out);
+        }
+        while self.allocate_unallocated() {}
+        self.hand_off_shutting_down(now, out);
+        if !self.queued_writes.is_empty() {
+            let batch = std::mem::take(&mut self.queued_writes);
+            out.push(CoordinatorOutput::Write(
+                batch.iter().map(|(event, _)| event.clone()).collect(),
+            ));
+            self.writing = Some(batch);
         }
     }
 
+    /// Queues a change for the next batch; one that does not fit the projected state (say, a
+    /// region terminated twice) changes nothing and is dropped.
     fn write(&mut self, event: StateEvent, after: After) {
-        self.queued_writes.push_back((event, after));
+        let Some(projected) = self.projected.as_mut() else {
+            return;
+        };
+        if projected.apply(&event).is_ok() {
+            self.queued_writes.push((event, after));
+        }
     }
 
     fn terminate_gone_regions(&mut self) {
-        let Some(state) = self.state.as_ref() else {
+        let Some(projected) = self.projected.as_ref() else {
             return;
         };
-        let gone_regions: Vec<RegionId> = state
+        let gone_regions: Vec<RegionId> = projected
             .regions()
             .keys()
             .filter(|r| !self.view.members.contains(*r))
             .cloned()
             .collect();
-        let gone_proxies: Vec<RegionId> = state
+        let gone_proxies: Vec<RegionId> = projected
             .proxies()
             .iter()
             .filter(|r| !self.view.members.contains(*r))
             .cloned()
             .collect();
         for region in gone_regions {
-            let event = StateEvent::RegionTerminated { region };
-            if !self.write_pending(&event) {
-                self.write(event, After::Nothing);
-            }
+            self.write(StateEvent::RegionTerminated { region }, After::Nothing);
         }
         for proxy in gone_proxies {
-            let event = StateEvent::ProxyTerminated { proxy };
-            if !self.write_pending(&event) {
-                self.write(event, After::Nothing);
-            }
+            self.write(StateEvent::ProxyTerminated { proxy }, After::Nothing);
         }
-    }
-
-    fn write_pending(&self, event: &StateEvent) -> bool {
-        self.writing.as_ref().is_some_and(|(e, _)| e == event)
-            || self.queued_writes.iter().any(|(e, _)| e == event)
     }
 
     fn handle(
@@ -418,47 +435,53 @@ impl ShardCoordinator {
         now: Instant,
         out: &mut Vec<CoordinatorOutput>,
     ) {
-        let Some(state) = self.state.as_ref() else {
+        let (Some(state), Some(projected)) = (self.state.as_ref(), self.projected.as_ref()) else {
             return;
         };
         match message {
-            ToCoordinator::Register => {
-                if !self.view.up.contains(&from) {
-                    // Joining, weakly up, leaving or unknown members host nothing; the region
-                    // repeats its registration.
+            ToCoordinator::Register | ToCoordinator::RegisterProxy => {
+                let proxy = message == ToCoordinator::RegisterProxy;
+                // Joining, weakly up, leaving or unknown members host nothing; the region
+                // repeats its registration.
+                let allowed = if proxy {
+                    self.view.members.contains(&from)
+                } else {
+                    self.view.up.contains(&from)
+                };
+                if !allowed {
                     return;
                 }
-                if state.regions().contains_key(&from) {
+                let (stored, queued) = if proxy {
+                    (
+                        state.proxies().contains(&from),
+                        projected.proxies().contains(&from),
+                    )
+                } else {
+                    (
+                        state.regions().contains_key(&from),
+                        projected.regions().contains_key(&from),
+                    )
+                };
+                if stored && queued {
                     out.push(CoordinatorOutput::Send {
                         to: from,
                         message: ToRegion::RegisterAck,
                     });
-                } else {
-                    self.write(
-                        StateEvent::RegionRegistered {
-                            region: from.clone(),
-                        },
-                        After::AckRegister(from),
-                    );
-                }
-            }
-            ToCoordinator::RegisterProxy => {
-                if !self.view.members.contains(&from) {
                     return;
                 }
-                if state.proxies().contains(&from) {
-                    out.push(CoordinatorOutput::Send {
-                        to: from,
-                        message: ToRegion::RegisterAck,
-                    });
-                } else {
-                    self.write(
+                if !queued {
+                    let event = if proxy {
                         StateEvent::ProxyRegistered {
                             proxy: from.clone(),
-                        },
-                        After::AckRegister(from),
-                    );
+                        }
+                    } else {
+                        StateEvent::RegionRegistered {
+                            region: from.clone(),
+                        }
+                    };
+                    self.write(event, After::Nothing);
                 }
+                self.awaiting_registration.insert(from);
             }
             ToCoordinator::GetShardHome { shard } => self.shard_home(from, shard, out),
             ToCoordinator::ShardStarted { shard } => {
@@ -493,7 +516,7 @@ impl ShardCoordinator {
                     .rebalancing
                     .get(&shard)
                     .is_some_and(|h| h.owner == from && h.id == handoff && h.handoff_sent);
-                if matches && state.home(shard) == Some(&from) {
+                if matches && projected.home(shard) == Some(&from) {
                     self.write(
                         StateEvent::ShardHomeDeallocated { shard },
                         After::Deallocated { shard },
@@ -502,8 +525,12 @@ impl ShardCoordinator {
             }
             ToCoordinator::GracefulShutdownRequest => {
                 let holds = state.regions().get(&from).is_some_and(|s| !s.is_empty())
+                    || projected
+                        .regions()
+                        .get(&from)
+                        .is_some_and(|s| !s.is_empty())
                     || self.rebalancing.values().any(|h| h.owner == from);
-                if state.regions().contains_key(&from) {
+                if projected.regions().contains_key(&from) {
                     self.shutting_down.insert(from.clone());
                 }
                 out.push(CoordinatorOutput::Send {
@@ -528,42 +555,54 @@ impl ShardCoordinator {
             self.deferred.entry(shard).or_default().insert(requester);
             return;
         }
-        let Some(state) = self.state.as_ref() else {
+        let (Some(state), Some(projected)) = (self.state.as_ref(), self.projected.as_ref()) else {
             return;
         };
-        if let Some(home) = state.home(shard) {
-            out.push(CoordinatorOutput::Send {
-                to: requester,
-                message: ToRegion::ShardHome {
-                    shard,
-                    region: home.clone(),
-                },
-            });
-            return;
+        let stored = state.home(shard);
+        match projected.home(shard) {
+            Some(home) if stored == Some(home) => {
+                out.push(CoordinatorOutput::Send {
+                    to: requester,
+                    message: ToRegion::ShardHome {
+                        shard,
+                        region: home.clone(),
+                    },
+                });
+            }
+            // Allocated in a batch not stored yet: answered once it is.
+            Some(_) => {
+                self.awaiting_allocation
+                    .entry(shard)
+                    .or_default()
+                    .insert(requester);
+            }
+            None => {
+                let Some(region) = allocation::allocate(projected.regions(), &self.candidates())
+                else {
+                    // No region may take it now; the requester asks again.
+                    return;
+                };
+                self.write(
+                    StateEvent::ShardHomeAllocated {
+                        shard,
+                        region: region.clone(),
+                    },
+                    After::Allocated { shard, region },
+                );
+                self.awaiting_allocation
+                    .entry(shard)
+                    .or_default()
+                    .insert(requester);
+            }
         }
-        let Some(region) = allocation::allocate(state.regions(), &self.candidates()) else {
-            // No region may take it now; the requester asks again.
-            return;
-        };
-        self.write(
-            StateEvent::ShardHomeAllocated {
-                shard,
-                region: region.clone(),
-            },
-            After::Allocated {
-                shard,
-                region,
-                requester: Some(requester),
-            },
-        );
     }
 
     /// Regions that may take shards: registered, of an Up member, not shutting down.
     fn candidates(&self) -> BTreeSet<RegionId> {
-        let Some(state) = self.state.as_ref() else {
+        let Some(projected) = self.projected.as_ref() else {
             return BTreeSet::new();
         };
-        state
+        projected
             .regions()
             .keys()
             .filter(|r| self.view.up.contains(*r) && !self.shutting_down.contains(*r))
@@ -573,27 +612,22 @@ impl ShardCoordinator {
 
     fn after_write(&mut self, after: After, now: Instant, out: &mut Vec<CoordinatorOutput>) {
         match after {
-            After::AckRegister(region) => out.push(CoordinatorOutput::Send {
-                to: region,
-                message: ToRegion::RegisterAck,
-            }),
-            After::Allocated {
-                shard,
-                region,
-                requester,
-            } => {
+            After::Allocated { shard, region } => {
                 out.push(CoordinatorOutput::Send {
                     to: region.clone(),
                     message: ToRegion::HostShard { shard },
                 });
                 self.unstarted.insert(shard, (region.clone(), now));
-                if let Some(requester) = requester
-                    && requester != region
-                {
-                    out.push(CoordinatorOutput::Send {
-                        to: requester,
-                        message: ToRegion::ShardHome { shard, region },
-                    });
+                for requester in self.awaiting_allocation.remove(&shard).unwrap_or_default() {
+                    if requester != region {
+                        out.push(CoordinatorOutput::Send {
+                            to: requester,
+                            message: ToRegion::ShardHome {
+                                shard,
+                                region: region.clone(),
+                            },
+                        });
+                    }
                 }
             }
             After::Deallocated { shard } => {
@@ -626,12 +660,16 @@ impl ShardCoordinator {
     }
 
     fn start_handoff(&mut self, shard: ShardId, now: Instant, out: &mut Vec<CoordinatorOutput>) {
-        let Some(state) = self.state.as_ref() else {
+        let (Some(state), Some(projected)) = (self.state.as_ref(), self.projected.as_ref()) else {
             return;
         };
+        // Only a stored home that no queued change touches is moved.
         let Some(owner) = state.home(shard).cloned() else {
             return;
         };
+        if projected.home(shard) != Some(&owner) {
+            return;
+        }
         if self.rebalancing.contains_key(&shard) {
             return;
         }
@@ -692,20 +730,20 @@ impl ShardCoordinator {
     }
 
     /// With remember-entities, shards whose region terminated are allocated again without
-    /// waiting for a message. Returns whether a write was queued.
-    fn allocate_unallocated(&mut self, _out: &mut [CoordinatorOutput]) -> bool {
-        let Some(state) = self.state.as_ref() else {
+    /// waiting for a message. Returns whether a change was queued.
+    fn allocate_unallocated(&mut self) -> bool {
+        let Some(projected) = self.projected.as_ref() else {
             return false;
         };
-        let Some(shard) = state
+        let Some(shard) = projected
             .unallocated()
             .iter()
-            .find(|s| !self.rebalancing.contains_key(*s) && state.home(**s).is_none())
+            .find(|s| !self.rebalancing.contains_key(*s) && projected.home(**s).is_none())
             .copied()
         else {
             return false;
         };
-        let Some(region) = allocation::allocate(state.regions(), &self.candidates()) else {
+        let Some(region) = allocation::allocate(projected.regions(), &self.candidates()) else {
             return false;
         };
         self.write(
@@ -713,11 +751,7 @@ impl ShardCoordinator {
                 shard,
                 region: region.clone(),
             },
-            After::Allocated {
-                shard,
-                region,
-                requester: None,
-            },
+            After::Allocated { shard, region },
         );
         true
     }

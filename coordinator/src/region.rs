@@ -22,7 +22,10 @@ use crate::settings::ShardingSettings;
 use crate::shard_id::ShardId;
 use crate::state::RegionId;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Longest wait before an unacknowledged registration is sent again.
+pub const REGISTER_RETRY_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Why a message was not taken.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -565,10 +568,13 @@ impl<M> ShardRegion<M> {
     /// Timers: registration, questions for buffered shards, the shutdown request.
     pub fn tick(&mut self, now: Instant) -> Vec<RegionOutput<M>> {
         let mut out = Vec::new();
+        // Registration is repeated sooner than other questions: until it is acknowledged the
+        // region cannot ask for any shard's home, and a new coordinator starts without notice.
+        let register_every = self.settings.retry_interval.min(REGISTER_RETRY_INTERVAL);
         if !self.registered
             && self
                 .last_register
-                .is_none_or(|at| now.duration_since(at) >= self.settings.retry_interval)
+                .is_none_or(|at| now.duration_since(at) >= register_every)
         {
             self.register(now, &mut out);
         }

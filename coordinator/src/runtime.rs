@@ -70,12 +70,17 @@ pub struct ShardedType {
 pub struct RuntimeSettings {
     /// How long [`Sharding::ask`] waits for the entity's answer.
     pub ask_timeout: Duration,
+    /// How long after a downed node's removal its coordinator may still run (it has not
+    /// learned yet that it was downed): a successor waits this long. Set it to the split-brain
+    /// resolver's `stable_after` (Akka's down-removal-margin).
+    pub coordinator_removal_margin: Duration,
 }
 
 impl Default for RuntimeSettings {
     fn default() -> Self {
         RuntimeSettings {
             ask_timeout: Duration::from_secs(5),
+            coordinator_removal_margin: Duration::ZERO,
         }
     }
 }
@@ -236,6 +241,7 @@ impl<T: Transport> Sharding<T> {
         for sharded in types {
             let singleton_settings = SingletonSettings {
                 role: sharded.role.clone(),
+                removal_margin: settings.coordinator_removal_margin,
                 ..SingletonSettings::default()
             };
             let (coordinator_gauges_tx, coordinator_gauges) =
@@ -407,7 +413,7 @@ impl<T: Transport> Sharding<T> {
             Ok(Ok(result)) => result,
             // The region dropped it without an answer: it may have been delivered.
             Ok(Err(_)) => Err(AskFailure::new(
-                FailureKind::Unavailable,
+                FailureKind::Timeout,
                 AskOutcome::Unknown,
                 format!("the {type_name} region stopped while the command was under way"),
             )),
@@ -741,6 +747,7 @@ impl<T: Transport> RegionTask<T> {
                 self.outputs(out);
             }
             RegionInput::FromCoordinator { from, message } => {
+                tracing::debug!(type_name = %self.type_name, %from, ?message, "from the coordinator");
                 let out = self.region.from_coordinator(&from, message, now);
                 self.outputs(out);
             }
@@ -944,8 +951,12 @@ impl<T: Transport> RegionTask<T> {
             Ok(()) => {
                 if let Some(tx) = local {
                     self.waiting.insert(reply_id, tx);
-                    self.deadlines
-                        .push_back((clock_now() + self.ask_timeout, reply_id));
+                    // Later than the caller's own timeout, so the caller hears a timeout
+                    // (outcome unknown) rather than a dropped answer.
+                    self.deadlines.push_back((
+                        clock_now() + self.ask_timeout + Duration::from_secs(1),
+                        reply_id,
+                    ));
                 }
             }
             Err(error) => {
@@ -1109,6 +1120,12 @@ impl<T: Transport> CoordinatorTask<T> {
                 },
             }
         };
+        tracing::info!(
+            type_name = %self.type_name,
+            shards = state.shards().len(),
+            regions = state.regions().len(),
+            "shard coordinator read its state"
+        );
         let now = clock_now();
         let view = coordinator_view(&self.membership.borrow_and_update());
         let mut out = coordinator.membership(view, now);
@@ -1220,14 +1237,15 @@ impl<T: Transport> CoordinatorTask<T> {
                     // Lost messages are repeated by the coordinator's or regions' timers.
                     let _ = send_frame(&*self.transport, &to.address, &frame);
                 }
-                CoordinatorOutput::Write(event) => {
+                CoordinatorOutput::Write(events) => {
+                    tracing::debug!(type_name = %self.type_name, changes = events.len(), "coordinator state write");
                     let mut after = coordinator.state().cloned().unwrap_or_default();
-                    if after.apply(&event).is_err() {
-                        // The coordinator only writes events that fit; nothing to store.
-                        continue;
+                    for event in &events {
+                        // The coordinator writes only changes that fit, in order.
+                        let _ = after.apply(event);
                     }
                     ShardingCounters::incr(&self.counters.coordinator_writes);
-                    *writing = Some(self.store.write(event, after));
+                    *writing = Some(self.store.write(events, after));
                 }
                 CoordinatorOutput::Stop { reason } => {
                     tracing::error!(type_name = %self.type_name, %reason, "shard coordinator stops");

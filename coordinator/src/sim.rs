@@ -193,8 +193,8 @@ struct Sim {
     link_clock: HashMap<(usize, usize), u64>,
     cuts: HashMap<(usize, usize), u64>,
     store: CoordinatorState,
-    /// Write in flight: (node, incarnation, event, lands even if its node crashes).
-    write_in_flight: Option<(usize, u64, crate::state::StateEvent, bool)>,
+    /// Write in flight: (node, incarnation, events, lands even if its node crashes).
+    write_in_flight: Option<(usize, u64, Vec<crate::state::StateEvent>, bool)>,
     coordinator_host: Option<usize>,
     /// Where each undelivered message is: the node it is at or travelling to.
     whereabouts: HashMap<SimMessage, usize>,
@@ -827,11 +827,11 @@ impl Sim {
                     }
                     self.send(node, to, Net::ToRegion(message));
                 }
-                CoordinatorOutput::Write(event) => {
+                CoordinatorOutput::Write(events) => {
                     let incarnation = self.nodes[node].coordinator_incarnation;
                     let fails = self.rng.random_bool(self.config.write_failure_probability);
                     let lands = self.rng.random_bool(0.5);
-                    self.write_in_flight = Some((node, incarnation, event, lands));
+                    self.write_in_flight = Some((node, incarnation, events, lands));
                     let delay = self.rng.random_range(1..30);
                     self.at(
                         delay,
@@ -850,11 +850,11 @@ impl Sim {
     }
 
     fn write_done(&mut self, node: usize, incarnation: u64, fails: bool) {
-        let Some((writer, writer_incarnation, event, _)) = self.write_in_flight.take() else {
+        let Some((writer, writer_incarnation, events, _)) = self.write_in_flight.take() else {
             return;
         };
         if writer != node || writer_incarnation != incarnation {
-            self.write_in_flight = Some((writer, writer_incarnation, event, false));
+            self.write_in_flight = Some((writer, writer_incarnation, events, false));
             return;
         }
         let now = self.now();
@@ -865,9 +865,15 @@ impl Sim {
             }
             return;
         }
-        if self.store.apply(&event).is_err() {
-            self.violation(format!("the store refused {event:?}"));
+        // A batch is atomic: check it whole before storing any of it.
+        let mut stored = self.store.clone();
+        for event in &events {
+            if stored.apply(event).is_err() {
+                self.violation(format!("the store refused {event:?}"));
+                return;
+            }
         }
+        self.store = stored;
         if self.nodes[node].alive
             && self.nodes[node].coordinator_incarnation == incarnation
             && let Some(coordinator) = self.nodes[node].coordinator.as_mut()

@@ -42,10 +42,11 @@ pub trait CoordinatorStore: Send + Sync + 'static {
     /// Reads the state (an empty one when nothing is stored).
     fn load(&self) -> BoxFuture<'static, Result<CoordinatorState, StoreError>>;
 
-    /// Stores `event`, whose application turned the state into `after`.
+    /// Stores `events` (atomically, in order), whose application turned the state into
+    /// `after`.
     fn write(
         &self,
-        event: StateEvent,
+        events: Vec<StateEvent>,
         after: CoordinatorState,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
 }
@@ -183,7 +184,7 @@ impl CoordinatorStore for DdataStore {
 
     fn write(
         &self,
-        _event: StateEvent,
+        _events: Vec<StateEvent>,
         after: CoordinatorState,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         let replicator = self.replicator.clone();
@@ -244,7 +245,8 @@ impl CoordinatorStoreFactory for DdataStoreFactory {
     }
 }
 
-/// Events between two snapshots of the coordinator's state.
+/// Events between two snapshots of the coordinator's state (a snapshot is saved by the write
+/// that crosses a multiple of it).
 pub const SNAPSHOT_EVERY_EVENTS: u64 = 1_000;
 
 const EVENT_MANIFEST: &str = "sharding.CoordinatorEvent";
@@ -338,7 +340,7 @@ impl CoordinatorStore for JournalStore {
 
     fn write(
         &self,
-        event: StateEvent,
+        events: Vec<StateEvent>,
         after: CoordinatorState,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         let journal = self.journal.clone();
@@ -346,42 +348,50 @@ impl CoordinatorStore for JournalStore {
         let pid = self.persistence_id.clone();
         let highest = self.highest.clone();
         Box::pin(async move {
-            let payload =
-                postcard::to_allocvec(&event).map_err(|e| StoreError::Fatal(e.to_string()))?;
-            let sequence_nr = highest.load(Ordering::SeqCst) + 1;
-            let write = AtomicWrite {
-                persistence_id: pid.clone(),
-                writer_id: "sharding-coordinator".to_string(),
-                events: vec![NewEvent {
-                    sequence_nr,
+            let first = highest.load(Ordering::SeqCst) + 1;
+            let mut new_events = Vec::with_capacity(events.len());
+            for (offset, event) in events.iter().enumerate() {
+                let payload =
+                    postcard::to_allocvec(event).map_err(|e| StoreError::Fatal(e.to_string()))?;
+                new_events.push(NewEvent {
+                    sequence_nr: first + offset as u64,
                     timestamp_ms: now_ms(),
                     manifest: Manifest::new(EVENT_MANIFEST, 1),
                     payload: Bytes::from(payload),
                     tags: Vec::new(),
-                }],
+                });
+            }
+            let Some(last) = new_events.last().map(|e| e.sequence_nr) else {
+                return Ok(());
+            };
+            let write = AtomicWrite {
+                persistence_id: pid.clone(),
+                writer_id: "sharding-coordinator".to_string(),
+                events: new_events,
             };
             match journal.append(write).await {
                 Ok(()) => {}
                 Err(error @ JournalError::Fenced { .. }) => return Err(journal_error(error)),
                 Err(error) => {
-                    // The write may have landed: the log's highest sequence number tells
-                    // (asking recovers the log if its writer gave it up).
+                    // The write may have landed (it is atomic): the log's highest sequence
+                    // number tells (asking recovers the log if its writer gave it up).
                     let now = journal
                         .highest_sequence_nr(&pid)
                         .await
                         .map_err(journal_error)?;
-                    if now == sequence_nr - 1 {
+                    if now == first - 1 {
                         return Err(journal_error(error));
                     }
-                    if now != sequence_nr {
+                    if now != last {
                         return Err(StoreError::Fatal(format!(
-                            "{pid} is at {now}, expected {sequence_nr} after this write"
+                            "{pid} is at {now}, expected {last} after this write"
                         )));
                     }
                 }
             }
+            let sequence_nr = last;
             highest.store(sequence_nr, Ordering::SeqCst);
-            if sequence_nr.is_multiple_of(SNAPSHOT_EVERY_EVENTS)
+            if sequence_nr / SNAPSHOT_EVERY_EVENTS != (first - 1) / SNAPSHOT_EVERY_EVENTS
                 && let Ok(bytes) = postcard::to_allocvec(&to_stored(&after))
             {
                 // Best effort: without it recovery replays more events.
@@ -442,7 +452,7 @@ impl CoordinatorStore for MemoryStore {
 
     fn write(
         &self,
-        _event: StateEvent,
+        _events: Vec<StateEvent>,
         after: CoordinatorState,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
