@@ -2,12 +2,16 @@
 //! journal and snapshot store in `data_dir`, and the HTTP API, wired from a [`NodeConfig`],
 //! running until a signal or the cluster ends its membership.
 
-use crate::config::{DowningStrategy, NodeConfig};
-use crate::entities::EntityTypes;
+use crate::config::{DowningStrategy, NodeConfig, RememberEntities, StateStoreMode};
 use crate::entities::account::Account;
+use crate::entities::{EntityTypes, JsonShardHost};
+use crate::http::entities::{CommandError, EntityBackend};
+use crate::http::sharding::ShardingQueries;
 use crate::http::{
     self, ClusterControl, ControlError, MemberView, MembersView, NodeMetrics, RefusedConnections,
 };
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +21,13 @@ use tessera_cluster::heartbeat::HeartbeatConfig;
 use tessera_cluster::membership::MembershipConfig;
 use tessera_cluster::node::{ClusterError, ClusterHandle, ClusterStartError, Operation};
 use tessera_cluster::sbr;
+use tessera_cluster::singleton::{SingletonError, Singletons};
 use tessera_cluster::transport::{TcpTransport, Transport, TransportConfig, TransportError};
 use tessera_cluster::{Address, MemberStatus};
+use tessera_coordinator::runtime::{RuntimeSettings, ShardedType, Sharding, ShardingStartError};
+use tessera_coordinator::settings::ShardingSettings;
+use tessera_coordinator::store::{CoordinatorStoreFactory, DdataStoreFactory, JournalStoreFactory};
+use tessera_coordinator::wire::RegionSnapshot;
 use tessera_ddata::node::{ReplicatorHandle, ReplicatorSettings, ReplicatorStartError};
 use tessera_ddata::replicator::ReplicatorConfig;
 use tessera_entities::{EntityConfig, EntityHost, InvalidConfig};
@@ -35,6 +44,13 @@ pub const LEAVE_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a stopping node waits for its entities to finish the commands they accepted
 /// before it closes the journal anyway.
 pub const ENTITY_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a stopping node waits for its shards to be handed off to other nodes before it
+/// leaves the cluster anyway.
+pub const HANDOFF_ALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `GET /sharding/{type}/cluster` waits for each member's answer.
+pub const CLUSTER_STATE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Exit status of a node that was downed (by an operator or the split-brain resolver), so
 /// that a supervisor can tell it from a clean leave (0).
@@ -62,6 +78,10 @@ pub enum NodeError {
     Entities(#[from] InvalidConfig),
     #[error("journal replication: {0}")]
     Quorums(QuorumError),
+    #[error("cluster singletons: {0}")]
+    Singletons(#[from] SingletonError),
+    #[error("cluster sharding: {0}")]
+    Sharding(#[from] ShardingStartError),
 }
 
 /// A started node.
@@ -76,6 +96,9 @@ pub struct RunningNode {
     pub entities: Arc<EntityTypes>,
     /// The replicated journal and snapshot store the entities use.
     pub persistence: Arc<Persistence>,
+    /// Cluster sharding of the entity types.
+    pub sharding: Arc<Sharding<TcpTransport>>,
+    singletons: Singletons<TcpTransport>,
     journal: Arc<RocksJournal>,
     http_shutdown: watch::Sender<bool>,
     http_task: JoinHandle<()>,
@@ -89,9 +112,17 @@ impl RunningNode {
 
     /// Leaves the cluster gracefully and shuts everything down; returns why the node stopped.
     ///
-    /// The entities stop first, while the node is still a member, so that the writes they
-    /// accepted reach their replicas; then the node leaves.
+    /// First every shard of this node is handed off to the others (requests keep being
+    /// served meanwhile, routed to wherever their shard goes); then the entities stop, while
+    /// the node is still a member, so that the writes they accepted reach their replicas;
+    /// then the node leaves.
     pub async fn leave_and_stop(self, timeout: Duration) -> Option<StopReason> {
+        if !self.sharding.hand_off_all(HANDOFF_ALL_TIMEOUT).await {
+            tracing::warn!(
+                timeout = ?HANDOFF_ALL_TIMEOUT,
+                "not every shard was handed off in time; leaving anyway"
+            );
+        }
         self.stop_http().await;
         self.stop_entities().await;
         let reason = self.cluster.leave_and_stop(timeout).await;
@@ -134,11 +165,16 @@ impl RunningNode {
             replicator,
             entities,
             persistence,
+            sharding,
+            singletons,
             journal,
             http_task,
             ..
         } = self;
         let _ = http_task.await;
+        singletons.shutdown();
+        sharding.stop().await;
+        drop(sharding);
         drop(entities);
         if let Ok(persistence) = Arc::try_unwrap(persistence) {
             persistence.stop();
@@ -219,12 +255,34 @@ pub fn replicator_settings(config: &NodeConfig) -> ReplicatorSettings {
 /// The entity host settings a node configuration implies; `node_id` names this node
 /// incarnation in the events it writes.
 pub fn entity_config(config: &NodeConfig, node_id: String) -> EntityConfig {
+    let defaults = EntityConfig::default();
     EntityConfig {
         snapshot_every: config.snapshot_every,
         passivate_after: (!config.passivate_after.is_zero()).then_some(config.passivate_after),
         ask_timeout: config.entity_ask_timeout,
         node_id,
-        ..EntityConfig::default()
+        // The limit is split over the host's routing partitions: never more partitions than
+        // the limit allows an entity each.
+        host_partitions: config
+            .active_entity_limit()
+            .map_or(defaults.host_partitions, |limit| {
+                defaults.host_partitions.min(limit.max(1))
+            }),
+        active_entity_limit: config.active_entity_limit(),
+        ..defaults
+    }
+}
+
+/// The sharding settings of every entity type a node configuration implies.
+pub fn sharding_settings(config: &NodeConfig) -> ShardingSettings {
+    ShardingSettings {
+        number_of_shards: config.number_of_shards,
+        rebalance_interval: config.rebalance_interval,
+        rebalance_absolute_limit: config.rebalance_absolute_limit as usize,
+        rebalance_relative_limit: config.rebalance_relative_limit,
+        handoff_timeout: config.handoff_timeout,
+        buffer_size: config.shard_buffer_size as usize,
+        ..ShardingSettings::default()
     }
 }
 
@@ -314,6 +372,37 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         entity_config(config, cluster.self_node().to_string()),
     )?);
     let entities = Arc::new(entities);
+    let singletons = Singletons::start(transport.clone(), cluster.watch())?;
+    let stores: Box<dyn CoordinatorStoreFactory> = match config.state_store_mode {
+        StateStoreMode::Ddata => Box::new(DdataStoreFactory(replicator.clone())),
+        StateStoreMode::Persistence => Box::new(JournalStoreFactory {
+            journal: persistence.journal.clone(),
+            snapshots: persistence.snapshots.clone(),
+        }),
+    };
+    let remember = config.remember_entities != RememberEntities::Off;
+    let types = entities
+        .hosts()
+        .map(|(name, host)| ShardedType {
+            type_name: name.to_string(),
+            host: Some(Arc::new(JsonShardHost(host.clone()))
+                as Arc<dyn tessera_coordinator::host::ShardHost>),
+            settings: sharding_settings(config),
+            role: None,
+            store: stores.store(name, remember),
+        })
+        .collect();
+    let sharding = Arc::new(Sharding::start(
+        transport.clone(),
+        cluster.watch(),
+        &singletons,
+        types,
+        RuntimeSettings {
+            // Beyond the entity's own timeout, so that its answer (or its timeout) arrives.
+            ask_timeout: config.entity_ask_timeout + Duration::from_secs(1),
+            coordinator_removal_margin: config.stable_after,
+        },
+    )?);
     let http_bind = format!("{}:{}", config.http_host, config.http_port);
     let listener = bind_http(&http_bind)
         .await
@@ -333,10 +422,16 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         replicator: replicator.clone(),
         entities: entities.clone(),
         persistence: persistence.clone(),
+        sharding: sharding.clone(),
+    });
+    let sharded = Arc::new(ShardedEntities {
+        sharding: sharding.clone(),
+        cluster: cluster.clone(),
     });
     let (http_shutdown, mut shutdown_rx) = watch::channel(false);
     let services = http::ddata::router(replicator.clone())
-        .merge(http::entities::router(entities.clone()))
+        .merge(http::entities::router(sharded.clone()))
+        .merge(http::sharding::router(sharded))
         .merge(http::journal::router(persistence.journal.clone()));
     let router = http::router(control, services);
     let http_task = tokio::spawn(async move {
@@ -354,10 +449,82 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         http_address,
         entities,
         persistence,
+        sharding,
+        singletons,
         journal,
         http_shutdown,
         http_task,
     })
+}
+
+/// The HTTP API's face of cluster sharding: entity commands routed to their shard's node,
+/// and the sharding queries.
+struct ShardedEntities {
+    sharding: Arc<Sharding<TcpTransport>>,
+    cluster: ClusterHandle,
+}
+
+impl EntityBackend for ShardedEntities {
+    fn ask(
+        &self,
+        entity_type: &str,
+        id: &str,
+        command: serde_json::Value,
+    ) -> BoxFuture<'static, Result<serde_json::Value, CommandError>> {
+        let sharding = self.sharding.clone();
+        let entity_type = entity_type.to_string();
+        let id = id.to_string();
+        async move {
+            let payload = serde_json::to_vec(&command).map_err(|e| {
+                CommandError::from(crate::http::ApiError::bad_request(e.to_string()))
+            })?;
+            let reply = sharding.ask(&entity_type, &id, payload).await?;
+            serde_json::from_slice(&reply).map_err(|e| CommandError {
+                status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                message: format!("the entity's reply is not JSON: {e}"),
+                outcome: "applied",
+            })
+        }
+        .boxed()
+    }
+}
+
+impl ShardingQueries for ShardedEntities {
+    fn type_names(&self) -> Vec<String> {
+        self.sharding
+            .type_names()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn region_state(&self, entity_type: &str) -> BoxFuture<'static, Option<RegionSnapshot>> {
+        let sharding = self.sharding.clone();
+        let entity_type = entity_type.to_string();
+        async move { sharding.region_state(&entity_type).await }.boxed()
+    }
+
+    fn cluster_state(
+        &self,
+        entity_type: &str,
+    ) -> BoxFuture<'static, Vec<(Address, Result<RegionSnapshot, String>)>> {
+        let sharding = self.sharding.clone();
+        let entity_type = entity_type.to_string();
+        let members: Vec<Address> = self
+            .cluster
+            .snapshot()
+            .members
+            .iter()
+            .filter(|m| m.status != MemberStatus::Removed)
+            .map(|m| m.address().clone())
+            .collect();
+        async move {
+            sharding
+                .cluster_state(&entity_type, members, CLUSTER_STATE_TIMEOUT)
+                .await
+        }
+        .boxed()
+    }
 }
 
 /// Connections the HTTP listener queues before accepting them (Linux caps it at
@@ -453,6 +620,7 @@ struct NodeControl {
     replicator: ReplicatorHandle,
     entities: Arc<EntityTypes>,
     persistence: Arc<Persistence>,
+    sharding: Arc<Sharding<TcpTransport>>,
 }
 
 impl NodeControl {
@@ -500,6 +668,22 @@ impl ClusterControl for NodeControl {
 
     fn down(&self, address: Address) -> Result<(), ControlError> {
         self.submit(Operation::Down(address))
+    }
+
+    fn not_ready_reason(&self) -> Option<String> {
+        let waiting: Vec<&str> = self
+            .sharding
+            .region_gauges()
+            .into_iter()
+            .filter(|(_, gauges)| !gauges.registered)
+            .map(|(name, _)| name)
+            .collect();
+        (!waiting.is_empty()).then(|| {
+            format!(
+                "the shard regions of {} are not registered with their coordinators yet",
+                waiting.join(", ")
+            )
+        })
     }
 
     fn metrics(&self) -> NodeMetrics {
@@ -554,6 +738,34 @@ impl ClusterControl for NodeControl {
                 .collect(),
             responses_wrong_peer_total: transport.responses_wrong_peer,
             journal: self.persistence.metrics.snapshot(),
+            sharding: self.sharding_metrics(),
         }
+    }
+}
+
+impl NodeControl {
+    fn sharding_metrics(&self) -> Vec<crate::http::ShardingMetrics> {
+        let coordinators: std::collections::BTreeMap<&str, _> =
+            self.sharding.coordinator_gauges().into_iter().collect();
+        self.sharding
+            .region_gauges()
+            .into_iter()
+            .map(|(name, region)| {
+                let coordinator = coordinators.get(name).cloned().unwrap_or_default();
+                crate::http::ShardingMetrics {
+                    entity_type: name.to_string(),
+                    registered: region.registered,
+                    shards: region.shards as u64,
+                    buffered: region.buffered as u64,
+                    region_handoffs_total: region.handoffs,
+                    forwarded_total: region.forwarded,
+                    refused_total: region.refused,
+                    coordinator_running: coordinator.running,
+                    coordinator_handoffs_total: coordinator.handoffs_completed,
+                    rebalance_rounds_total: coordinator.rebalance_rounds,
+                    coordinator_writes_total: coordinator.writes,
+                }
+            })
+            .collect()
     }
 }

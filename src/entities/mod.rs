@@ -2,5 +2,7 @@
 
 pub mod account;
 mod registry;
+mod sharded;
 
 pub use registry::{EntityTypes, JsonAskError, JsonEntityType};
+pub use sharded::JsonShardHost;

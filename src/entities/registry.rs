@@ -5,7 +5,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tessera_entities::{AskError, EntityError, EntityHost, EntityType, HostStats};
+use tessera_coordinator::host::{AskFailure, AskOutcome, FailureKind};
+use tessera_entities::{AskError, EntityError, EntityHost, EntityId, EntityType, HostStats};
 
 /// Why a JSON command got no JSON reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +28,37 @@ pub enum JsonAskError {
     Reply(String),
 }
 
+impl JsonAskError {
+    /// What kind of failure this is and whether the command took effect, as a caller anywhere
+    /// in the cluster learns it.
+    pub fn to_failure(&self) -> AskFailure {
+        use AskOutcome::{Applied, NotApplied, Unknown};
+        let (kind, outcome) = match self {
+            JsonAskError::MalformedCommand { .. } => (FailureKind::BadRequest, NotApplied),
+            JsonAskError::Rejected(_) => (FailureKind::Rejected, NotApplied),
+            // The command took effect; only its reply could not be encoded.
+            JsonAskError::Reply(_) => (FailureKind::Internal, Applied),
+            JsonAskError::Entity(e) => match e {
+                EntityError::InvalidId { .. } => (FailureKind::BadRequest, NotApplied),
+                EntityError::Timeout { .. } | EntityError::PersistFailed { .. } => {
+                    (FailureKind::Timeout, Unknown)
+                }
+                EntityError::HostBusy { .. }
+                | EntityError::MailboxFull { .. }
+                | EntityError::StashFull { .. }
+                | EntityError::JournalBusy { .. } => (FailureKind::Overloaded, NotApplied),
+                EntityError::ShuttingDown
+                | EntityError::RecoveryFailed { .. }
+                | EntityError::PersistNotApplied { .. }
+                | EntityError::NotConfirmed { .. }
+                | EntityError::Stopped { .. } => (FailureKind::Unavailable, NotApplied),
+                EntityError::Encode { .. } => (FailureKind::Internal, NotApplied),
+            },
+        };
+        AskFailure::new(kind, outcome, self.to_string())
+    }
+}
+
 /// An entity type as the HTTP API sees it.
 pub trait JsonEntityType: Send + Sync + 'static {
     /// Sends a JSON command to entity `id` and returns the JSON reply.
@@ -38,6 +70,12 @@ pub trait JsonEntityType: Send + Sync + 'static {
 
     /// Stops the type's entities after they finish what they accepted.
     fn shutdown(&self) -> BoxFuture<'_, ()>;
+
+    /// Stops the given entities after they finish what they accepted (a shard handoff).
+    fn stop_entities(&self, ids: Vec<String>) -> BoxFuture<'static, ()>;
+
+    /// The ids of the entities running now.
+    fn live_entity_ids(&self) -> BoxFuture<'_, Vec<String>>;
 
     /// The host's lifecycle counters.
     fn stats(&self) -> HostStats;
@@ -82,6 +120,24 @@ impl<E: EntityType> JsonEntityType for EntityHost<E> {
         EntityHost::shutdown(self).boxed()
     }
 
+    fn stop_entities(&self, ids: Vec<String>) -> BoxFuture<'static, ()> {
+        // Ids come from this host's own deliveries and listings; one that is not an entity id
+        // cannot be running.
+        let ids: Vec<EntityId> = ids.iter().filter_map(|id| EntityId::new(id).ok()).collect();
+        EntityHost::stop_entities(self, ids).boxed()
+    }
+
+    fn live_entity_ids(&self) -> BoxFuture<'_, Vec<String>> {
+        async move {
+            EntityHost::live_entity_ids(self)
+                .await
+                .into_iter()
+                .map(|id| id.as_str().to_string())
+                .collect()
+        }
+        .boxed()
+    }
+
     fn stats(&self) -> HostStats {
         EntityHost::stats(self)
     }
@@ -103,6 +159,11 @@ impl EntityTypes {
     /// Adds a host under its type's name (replacing one of the same name).
     pub fn register<E: EntityType>(&mut self, host: EntityHost<E>) {
         self.types.insert(E::TYPE_NAME, Arc::new(host));
+    }
+
+    /// Every type with its host, by name.
+    pub fn hosts(&self) -> impl Iterator<Item = (&'static str, &Arc<dyn JsonEntityType>)> {
+        self.types.iter().map(|(name, host)| (*name, host))
     }
 
     /// The type called `name`.

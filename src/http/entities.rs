@@ -1,8 +1,8 @@
 //! `POST /entities/{type}/{id}`: a JSON command to one entity, answered with its JSON reply.
 //!
-//! On this node's own entity hosts, over the replicated journal on a cluster member: any node
-//! recovers the entity from its log's replicas (the sharding issue routes the same endpoint
-//! to one node per entity). Every answer says whether the command took effect:
+//! A node sends it through cluster sharding to the one node that runs the entity (recovering
+//! it from its log's replicas when it starts there); the same route over a node's own hosts
+//! serves single-process uses and tests. Every answer says whether the command took effect:
 //!
 //! - 200 with the reply: applied;
 //! - 400 (unknown type, invalid id, malformed command), 409 (the entity rejected it), 503
@@ -22,17 +22,51 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use serde_json::Value;
 use std::sync::Arc;
-use tessera_entities::EntityError;
+use tessera_coordinator::host::{AskFailure, AskOutcome, FailureKind};
 
-/// The entity routes over `types`, to be merged into the management API's router.
-pub fn router(types: Arc<EntityTypes>) -> Router {
+/// Where `POST /entities/{type}/{id}` sends its commands: this node's own hosts, or the
+/// cluster's sharding.
+pub trait EntityBackend: Send + Sync + 'static {
+    /// Sends a JSON command to entity `id` of `entity_type` and returns its JSON reply.
+    fn ask(
+        &self,
+        entity_type: &str,
+        id: &str,
+        command: Value,
+    ) -> BoxFuture<'static, Result<Value, CommandError>>;
+}
+
+impl EntityBackend for EntityTypes {
+    fn ask(
+        &self,
+        entity_type: &str,
+        id: &str,
+        command: Value,
+    ) -> BoxFuture<'static, Result<Value, CommandError>> {
+        let Some(host) = self.get(entity_type) else {
+            let error = ApiError::bad_request(format!(
+                "unknown entity type {entity_type:?}: this node hosts {}",
+                self.names().join(", ")
+            ));
+            return futures::future::ready(Err(error.into())).boxed();
+        };
+        let reply = host.ask_json(id, command);
+        async move { reply.await.map_err(CommandError::from) }.boxed()
+    }
+}
+
+/// The entity routes over `backend`, to be merged into the management API's router.
+pub fn router<B: EntityBackend>(backend: Arc<B>) -> Router {
+    let backend: Arc<dyn EntityBackend> = backend;
     Router::new()
         .route("/entities/{type}/{id}", post(command))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(types)
+        .with_state(backend)
 }
 
 /// A command that got no reply: its status, what happened, and whether it took effect.
@@ -66,56 +100,37 @@ impl From<ApiError> for CommandError {
 }
 
 async fn command(
-    State(types): State<Arc<EntityTypes>>,
+    State(backend): State<Arc<dyn EntityBackend>>,
     path: Result<Path<(String, String)>, PathRejection>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<Value>, CommandError> {
     let Path((entity_type, id)) = path.map_err(ApiError::from)?;
-    let Some(host) = types.get(&entity_type) else {
-        return Err(ApiError::bad_request(format!(
-            "unknown entity type {entity_type:?}: this node hosts {}",
-            types.names().join(", ")
-        ))
-        .into());
-    };
     let Json(command) = body.map_err(ApiError::from)?;
-    host.ask_json(&id, command)
-        .await
-        .map(Json)
-        .map_err(CommandError::from)
+    backend.ask(&entity_type, &id, command).await.map(Json)
+}
+
+impl From<AskFailure> for CommandError {
+    fn from(failure: AskFailure) -> Self {
+        let status = match failure.kind {
+            // Whatever went wrong, a command that may have taken effect is a 504.
+            _ if failure.outcome == AskOutcome::Unknown => StatusCode::GATEWAY_TIMEOUT,
+            FailureKind::BadRequest => StatusCode::BAD_REQUEST,
+            FailureKind::Rejected => StatusCode::CONFLICT,
+            FailureKind::Unavailable | FailureKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            FailureKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            FailureKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        CommandError {
+            status,
+            message: failure.message,
+            outcome: failure.outcome.as_str(),
+        }
+    }
 }
 
 impl From<JsonAskError> for CommandError {
     fn from(error: JsonAskError) -> Self {
-        const NOT_APPLIED: &str = "not_applied";
-        const UNKNOWN: &str = "unknown";
-        let (status, outcome) = match &error {
-            JsonAskError::MalformedCommand { .. } => (StatusCode::BAD_REQUEST, NOT_APPLIED),
-            JsonAskError::Rejected(_) => (StatusCode::CONFLICT, NOT_APPLIED),
-            // The command took effect; only its reply could not be encoded.
-            JsonAskError::Reply(_) => (StatusCode::INTERNAL_SERVER_ERROR, "applied"),
-            JsonAskError::Entity(e) => match e {
-                EntityError::InvalidId { .. } => (StatusCode::BAD_REQUEST, NOT_APPLIED),
-                EntityError::Timeout { .. } | EntityError::PersistFailed { .. } => {
-                    (StatusCode::GATEWAY_TIMEOUT, UNKNOWN)
-                }
-                EntityError::HostBusy { .. }
-                | EntityError::MailboxFull { .. }
-                | EntityError::StashFull { .. }
-                | EntityError::JournalBusy { .. }
-                | EntityError::ShuttingDown
-                | EntityError::RecoveryFailed { .. }
-                | EntityError::PersistNotApplied { .. }
-                | EntityError::NotConfirmed { .. }
-                | EntityError::Stopped { .. } => (StatusCode::SERVICE_UNAVAILABLE, NOT_APPLIED),
-                EntityError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, NOT_APPLIED),
-            },
-        };
-        CommandError {
-            status,
-            message: error.to_string(),
-            outcome,
-        }
+        error.to_failure().into()
     }
 }
 

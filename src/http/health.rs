@@ -12,11 +12,18 @@ pub(super) async fn alive() -> Json<Value> {
     Json(json!({ "status": "alive" }))
 }
 
-/// 200 once this node is Up; 503 with the current status otherwise (joining, leaving, not yet
-/// a member...), so traffic only goes to nodes that are full members.
+/// 200 once this node is Up and its shard regions are registered with their coordinators;
+/// 503 with the reason otherwise (joining, leaving, not yet a member, regions not registered),
+/// so traffic only goes to nodes that can serve it.
 pub(super) async fn ready(State(control): State<Control>) -> (StatusCode, Json<Value>) {
     match control.members().self_status {
-        Some(MemberStatus::Up) => (StatusCode::OK, Json(json!({ "status": "up" }))),
+        Some(MemberStatus::Up) => match control.not_ready_reason() {
+            None => (StatusCode::OK, Json(json!({ "status": "up" }))),
+            Some(reason) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "error": format!("not ready: {reason}"), "status": "up" })),
+            ),
+        },
         Some(status) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({

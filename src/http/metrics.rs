@@ -66,6 +66,32 @@ pub struct NodeMetrics {
     pub responses_wrong_peer_total: u64,
     /// The replicated journal's counters.
     pub journal: PersistenceMetricsSnapshot,
+    /// Cluster sharding, by entity type.
+    pub sharding: Vec<ShardingMetrics>,
+}
+
+/// One entity type's sharding numbers on this node. The coordinator's are non-zero only on
+/// the node that runs it, and restart from 0 when it starts there again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardingMetrics {
+    pub entity_type: String,
+    /// The region is registered with the coordinator.
+    pub registered: bool,
+    /// Shards this region runs now.
+    pub shards: u64,
+    /// Messages waiting for their shard's home.
+    pub buffered: u64,
+    /// Shards this region handed off.
+    pub region_handoffs_total: u64,
+    /// Messages sent on to other regions.
+    pub forwarded_total: u64,
+    /// Messages refused (buffer full).
+    pub refused_total: u64,
+    /// Whether the type's coordinator runs on this node.
+    pub coordinator_running: bool,
+    pub coordinator_handoffs_total: u64,
+    pub rebalance_rounds_total: u64,
+    pub coordinator_writes_total: u64,
 }
 
 /// Refused connections by reason (the `reason` label).
@@ -191,6 +217,77 @@ pub fn render_prometheus(metrics: &NodeMetrics) -> String {
         live = live.sample(&label, stats.live_entities);
         started = started.sample(&label, stats.incarnations_started);
         handed_over = handed_over.sample(&label, stats.commands_handed_over);
+    }
+    let mut sharding_families = [
+        Family::new(
+            "tessera_sharding_shards",
+            "gauge",
+            "Shards this node's region runs, by entity type.",
+        ),
+        Family::new(
+            "tessera_sharding_buffered_messages",
+            "gauge",
+            "Messages a region holds while it learns where their shard lives.",
+        ),
+        Family::new(
+            "tessera_sharding_region_registered",
+            "gauge",
+            "1 when the region is registered with its coordinator, else 0.",
+        ),
+        Family::new(
+            "tessera_sharding_region_handoffs_total",
+            "counter",
+            "Shards this node's region stopped and handed off.",
+        ),
+        Family::new(
+            "tessera_sharding_forwarded_total",
+            "counter",
+            "Messages sent on to the region that runs their shard.",
+        ),
+        Family::new(
+            "tessera_sharding_refused_total",
+            "counter",
+            "Messages refused because the region's buffer was full.",
+        ),
+        Family::new(
+            "tessera_sharding_coordinator_running",
+            "gauge",
+            "1 when the entity type's shard coordinator runs on this node, else 0.",
+        ),
+        Family::new(
+            "tessera_sharding_coordinator_handoffs_total",
+            "counter",
+            "Handoffs the coordinator on this node completed (since it started here).",
+        ),
+        Family::new(
+            "tessera_sharding_rebalance_rounds_total",
+            "counter",
+            "Rebalance rounds the coordinator on this node started (since it started here).",
+        ),
+        Family::new(
+            "tessera_sharding_coordinator_writes_total",
+            "counter",
+            "Coordinator state writes stored (since it started here).",
+        ),
+    ];
+    for sharding in &metrics.sharding {
+        let label = format!("type=\"{}\"", escape_label(&sharding.entity_type));
+        let values = [
+            sharding.shards,
+            sharding.buffered,
+            u64::from(sharding.registered),
+            sharding.region_handoffs_total,
+            sharding.forwarded_total,
+            sharding.refused_total,
+            u64::from(sharding.coordinator_running),
+            sharding.coordinator_handoffs_total,
+            sharding.rebalance_rounds_total,
+            sharding.coordinator_writes_total,
+        ];
+        for (family, value) in sharding_families.iter_mut().zip(values) {
+            let taken = std::mem::replace(family, Family::new("", "", ""));
+            *family = taken.sample(&label, value);
+        }
     }
     let families = [
         members,
@@ -357,7 +454,7 @@ pub fn render_prometheus(metrics: &NodeMetrics) -> String {
         ),
     ];
     let mut out = String::with_capacity(8192);
-    for family in &families {
+    for family in families.iter().chain(&sharding_families) {
         family.write(&mut out);
     }
     Family::write_histogram(

@@ -11,9 +11,10 @@ mod health;
 pub mod journal;
 mod members;
 mod metrics;
+pub mod sharding;
 
 pub use members::{MemberView, MembersView};
-pub use metrics::{NodeMetrics, RefusedConnections, render_prometheus};
+pub use metrics::{NodeMetrics, RefusedConnections, ShardingMetrics, render_prometheus};
 
 use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -42,6 +43,11 @@ pub trait ClusterControl: Send + Sync + 'static {
     fn down(&self, address: Address) -> Result<(), ControlError>;
     /// Counters and gauges for `/metrics`.
     fn metrics(&self) -> NodeMetrics;
+    /// Why this node is not ready to serve yet beyond its member status (its shard regions
+    /// not yet registered with their coordinators), or None.
+    fn not_ready_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Why the cluster refused a command.
@@ -82,6 +88,16 @@ impl ApiError {
     /// 400 Bad Request.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 404 Not Found.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    /// 503 Service Unavailable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }
 }
 

@@ -353,6 +353,15 @@ async fn metrics_are_prometheus_text_with_every_series() {
             ),
             ("odd\"type".to_string(), HostStats::default()),
         ],
+        sharding: vec![crate::http::ShardingMetrics {
+            entity_type: "account".to_string(),
+            registered: true,
+            shards: 17,
+            buffered: 3,
+            coordinator_running: true,
+            rebalance_rounds_total: 2,
+            ..crate::http::ShardingMetrics::default()
+        }],
         ..NodeMetrics::default()
     };
     let reply = send(&Arc::new(control), Method::GET, "/metrics", None).await;
@@ -380,6 +389,13 @@ async fn metrics_are_prometheus_text_with_every_series() {
         "tessera_entities_started_total{type=\"account\"} 9",
         "tessera_entities_commands_handed_over_total{type=\"account\"} 2",
         "tessera_entities_live{type=\"odd\\\"type\"} 0",
+        "# TYPE tessera_sharding_shards gauge",
+        "tessera_sharding_shards{type=\"account\"} 17",
+        "tessera_sharding_buffered_messages{type=\"account\"} 3",
+        "tessera_sharding_region_registered{type=\"account\"} 1",
+        "tessera_sharding_coordinator_running{type=\"account\"} 1",
+        "tessera_sharding_rebalance_rounds_total{type=\"account\"} 2",
+        "tessera_sharding_coordinator_writes_total{type=\"account\"} 0",
     ] {
         assert!(
             reply.body.lines().any(|l| l.starts_with(line)),
@@ -397,7 +413,7 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    assert_eq!(names.len(), 34);
+    assert_eq!(names.len(), 44);
     for name in &names {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         assert!(name.starts_with("tessera_"), "{name}");
@@ -408,7 +424,7 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
     let samples = text.lines().filter(|l| !l.starts_with('#')).count();
     // 7 statuses + 3 refusal reasons + 3 append outcomes + 27 single-sample families + the
     // latency histogram's +Inf bucket, sum and count (no finer buckets without samples); the
-    // entity families have one sample per hosted type, and there are none here.
+    // entity and sharding families have one sample per entity type, and there are none here.
     assert_eq!(samples, 7 + 3 + 3 + 27 + 3);
 }
 

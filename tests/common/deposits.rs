@@ -122,6 +122,17 @@ pub async fn workload(
     start: Instant,
     duration: Duration,
 ) -> (BTreeMap<String, Tally>, Vec<Answer>) {
+    workload_over(nodes, 10, start, duration).await
+}
+
+/// 64 callers deposit into `accounts` accounts (`acct-0`...) through random nodes from
+/// `start` for `duration`; returns the answers per account, and every answer.
+pub async fn workload_over(
+    nodes: Vec<SocketAddr>,
+    accounts: u64,
+    start: Instant,
+    duration: Duration,
+) -> (BTreeMap<String, Tally>, Vec<Answer>) {
     let tallies: Arc<Mutex<BTreeMap<String, Tally>>> = Arc::default();
     let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
     let end = start + duration;
@@ -139,7 +150,7 @@ pub async fn workload(
                 seed
             };
             while Instant::now() < end {
-                let id = format!("acct-{}", next() % 10);
+                let id = format!("acct-{}", next() % accounts);
                 let node = (next() % nodes.len() as u64) as usize;
                 let sent = start.elapsed();
                 let response = command(nodes[node], &id, r#"{"deposit": 1}"#).await;
