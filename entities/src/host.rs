@@ -197,6 +197,28 @@ impl<E: EntityType> EntityHost<E> {
         }
     }
 
+    /// Starts the given entities without a command (each recovers its state and then waits
+    /// for commands, as after its first one), unless one runs or stops already: how a shard
+    /// brings back its remembered entities. The requests queue behind the commands already
+    /// queued; an id whose partition queue is full is skipped, and returned.
+    pub fn start_entities(&self, ids: impl IntoIterator<Item = EntityId>) -> Vec<EntityId> {
+        let count = self.partitions.len();
+        let mut skipped = Vec::new();
+        for id in ids {
+            let partition = &self.partitions[partition_of(&id, count)];
+            if let Err(e) = partition.try_send(PartitionInput::Start { id }) {
+                match e {
+                    mpsc::error::TrySendError::Full(PartitionInput::Start { id })
+                    | mpsc::error::TrySendError::Closed(PartitionInput::Start { id }) => {
+                        skipped.push(id);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        skipped
+    }
+
     /// The ids with an incarnation on this host now, including those finishing a stop, in no
     /// particular order. Each partition answers from its own map (work proportional to its
     /// entities); the answers are taken one partition at a time, so an entity that starts or

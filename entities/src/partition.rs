@@ -56,6 +56,8 @@ pub(crate) enum PartitionInput<E: EntityType> {
     LiveIds {
         reply: oneshot::Sender<Vec<EntityId>>,
     },
+    /// Start entity `id` (it recovers) unless it runs or stops already.
+    Start { id: EntityId },
 }
 
 /// Held while a stop request waits for an entity. Nothing is ever sent on it: the requester's
@@ -220,6 +222,11 @@ impl<E: EntityType> Partition<E> {
             }
             PartitionInput::LiveIds { reply } => {
                 let _ = reply.send(self.slots.keys().cloned().collect());
+            }
+            PartitionInput::Start { id } => {
+                if !self.shutting_down && !self.slots.contains_key(&id) {
+                    self.start(id, Vec::new(), Vec::new());
+                }
             }
         }
     }

@@ -395,3 +395,27 @@ async fn an_entity_evicted_during_a_write_finishes_it_before_recovering() {
     assert_eq!(host.stats().entities_evicted, 2, "a's return evicted b");
     fixture.journal.assert_one_writer_at_a_time();
 }
+
+/// Remember-entities: a shard starts its remembered entities without a command; each
+/// recovers (its state is there for the first command) and one already live is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_entities_recovers_them_without_a_command() {
+    let fixture = Fixture::new();
+    let first = fixture.host(config());
+    first.ask("a", TallyCommand::Add(5)).await.unwrap();
+    first.ask("b", TallyCommand::Add(7)).await.unwrap();
+    first.shutdown().await;
+    let host = fixture.host(config());
+    host.ask("c", TallyCommand::Add(1)).await.unwrap();
+    let replays_before = fixture.journal.replays().len();
+    assert!(host.start_entities(ids(["a", "b", "c"])).is_empty());
+    eventually("a and b are live", || {
+        fixture.journal.replays().len() == replays_before + 2
+    })
+    .await;
+    assert_eq!(live_ids(&host).await, set(["a", "b", "c"]));
+    // Recovered: the next command sees the stored state.
+    assert_eq!(host.ask("a", TallyCommand::Add(1)).await, Ok(6));
+    assert_eq!(host.ask("b", TallyCommand::Add(0)).await, Ok(7));
+    host.shutdown().await;
+}
