@@ -33,6 +33,9 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Cluster sharding maintenance.
+    #[command(subcommand)]
+    Sharding(ShardingCommand),
 }
 
 const NODE_AFTER_HELP: &str = "Every flag has a config-file key (the flag name with '_' for \
@@ -232,6 +235,39 @@ pub struct DemoArgs {
     /// Number of nodes to start.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=100))]
     pub nodes: u16,
+}
+
+/// `tessera sharding ...`.
+#[derive(Debug, Subcommand)]
+pub enum ShardingCommand {
+    /// Remove cluster sharding's stored state of entity types from a stopped node's data
+    /// directory (Akka's RemoveInternalClusterShardingData).
+    #[command(after_help = REMOVE_INTERNAL_DATA_AFTER_HELP)]
+    RemoveInternalData(RemoveInternalDataArgs),
+}
+
+const REMOVE_INTERNAL_DATA_AFTER_HELP: &str = "Removes, for each TYPE, the events and \
+snapshots of the coordinator's log sharding-coordinator|TYPE (shard homes and, with \
+remember_entities on, the remembered entities) and of the remember-entities logs \
+sharding-shard|TYPE|<shard> from DIR/journal and DIR/snapshots, and prints what was removed \
+per type. The node must be stopped: the command refuses while a node holds the stores.
+
+With state_store_mode = ddata (the default) the coordinator's state is kept in Distributed \
+Data, not on disk: there is nothing to remove (stop the whole cluster and it is gone; durable \
+remember-entities keys live in DIR/ddata and are not touched).
+
+In a replicated cluster (journal_replication_factor > 1) every node holds a replica of these \
+logs: stop the cluster and run the command on every node's data dir before starting it again.";
+
+/// Flags of `tessera sharding remove-internal-data`.
+#[derive(Debug, Args)]
+pub struct RemoveInternalDataArgs {
+    /// The stopped node's data directory (its data_dir)
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Entity types whose sharding data to remove, e.g. account
+    #[arg(value_name = "TYPE", required = true, num_args = 1..)]
+    pub types: Vec<String>,
 }
 
 /// `tessera bench ...`.
@@ -571,6 +607,33 @@ mod tests {
             Command::Demo(DemoArgs { nodes: 5 })
         ));
         assert!(Cli::try_parse_from(["tessera", "demo", "--nodes", "0"]).is_err());
+    }
+
+    #[test]
+    fn sharding_remove_internal_data_takes_a_data_dir_and_types() {
+        let args = [
+            "sharding",
+            "remove-internal-data",
+            "--data-dir",
+            "d",
+            "a",
+            "b",
+        ];
+        match parse(&args).command {
+            Command::Sharding(ShardingCommand::RemoveInternalData(args)) => {
+                assert_eq!(args.data_dir, PathBuf::from("d"));
+                assert_eq!(args.types, ["a", "b"]);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let no_type = [
+            "tessera",
+            "sharding",
+            "remove-internal-data",
+            "--data-dir",
+            "d",
+        ];
+        assert!(Cli::try_parse_from(no_type).is_err());
     }
 
     #[test]

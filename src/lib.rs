@@ -10,3 +10,4 @@ pub mod http;
 pub mod http_client;
 pub mod logging;
 pub mod node;
+pub mod sharding_tool;

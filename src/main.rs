@@ -1,8 +1,9 @@
-//! The `tessera` binary: `node` runs a cluster node, `demo` the main job, `bench` benchmarks.
+//! The `tessera` binary: `node` runs a cluster node, `demo` the main job, `bench` benchmarks,
+//! `sharding` maintenance of a stopped node's sharding data.
 
 use clap::Parser;
 use std::process::ExitCode;
-use tessera::cli::{BenchCommand, Cli, Command};
+use tessera::cli::{BenchCommand, Cli, Command, ShardingCommand};
 use tessera::logging::{self, LogFormat};
 
 fn main() -> ExitCode {
@@ -45,6 +46,20 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: demo failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Sharding(ShardingCommand::RemoveInternalData(args)) => {
+            let report = |removal: &tessera::sharding_tool::TypeRemoval| {
+                println!("{}", removal.describe());
+            };
+            match tessera::sharding_tool::remove_internal_data(&args.data_dir, &args.types, report)
+                .await
+            {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }

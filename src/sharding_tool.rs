@@ -1,0 +1,652 @@
+//! `tessera sharding remove-internal-data` (Akka's RemoveInternalClusterShardingData): removes
+//! what cluster sharding stored about entity types in a stopped node's data directory, so
+//! that the cluster starts those types afresh (shard homes and remembered entities gone).
+//!
+//! With `state_store_mode = persistence` the coordinator of a type keeps its state, including
+//! the remembered entities, as the events and snapshots of the log `sharding-coordinator|<type>`
+//! in the node's journal (`<data_dir>/journal`) and snapshot store (`<data_dir>/snapshots`).
+//! Both are RocksDB stores that a running node holds locked; opening them while the node runs
+//! fails on the lock, and the command refuses.
+//!
+//! The journal is a node's replica store of the replicated journal: a log written through
+//! replication has a replica state (promise, acknowledged mark, deleted prefix,
+//! configuration) beside its entries. Deleting the entries with the plain journal delete would
+//! leave that state pointing at entries that are gone, so such a log is emptied through the
+//! replica rules instead: its tail is marked acknowledged and everything up to its last entry
+//! is deleted. The log keeps its highest sequence number (a journal's never goes down), which
+//! is what every replica of an emptied log agrees on, so a coordinator started later reads an
+//! empty state and writes after it.
+
+use futures::StreamExt;
+use std::path::{Path, PathBuf};
+use tessera_coordinator::store::persistence_id;
+use tessera_journal::{FsyncPolicy, Journal, JournalConfig, QueryMode, RocksJournal, StoredEvent};
+use tessera_replication::{LogSummary, Request, Response};
+use tessera_snapshot::{
+    RocksSnapshotStore, SnapshotConfig, SnapshotSelectionCriteria, SnapshotStore,
+};
+
+/// Snapshots of one log counted before they are deleted, at most (the coordinator keeps one
+/// per 1,000 events; the count is only reported).
+const MAX_SNAPSHOTS_COUNTED: usize = 100_000;
+
+/// Why the removal did not happen (or stopped part-way: what was reported before stays
+/// removed).
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("the node using {dir} is running; stop it first ({detail})")]
+    NodeRunning { dir: PathBuf, detail: String },
+    #[error("{dir} is not a directory")]
+    NoDirectory { dir: PathBuf },
+    #[error(
+        "{dir} holds neither a journal nor a snapshot store (no journal/ or snapshots/ in it); \
+         is it a tessera node's data directory?"
+    )]
+    NoStores { dir: PathBuf },
+    #[error("cannot open the {what} in {path}: {detail}")]
+    Open {
+        what: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
+    #[error("removing the events of {persistence_id}: {detail}")]
+    Journal {
+        persistence_id: String,
+        detail: String,
+    },
+    #[error("removing the snapshots of {persistence_id}: {detail}")]
+    Snapshots {
+        persistence_id: String,
+        detail: String,
+    },
+}
+
+/// What was removed of one log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogRemoval {
+    /// Events deleted from the journal.
+    pub events: u64,
+    /// The log's highest sequence number, which it keeps (0: no log).
+    pub highest_sequence_nr: u64,
+    /// Snapshots deleted.
+    pub snapshots: usize,
+}
+
+impl LogRemoval {
+    fn is_empty(&self) -> bool {
+        self.events == 0 && self.snapshots == 0
+    }
+}
+
+/// What was removed for one entity type: its coordinator's log and the logs of its shards'
+/// remembered entities (`remember_entities = eventsourced`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeRemoval {
+    pub type_name: String,
+    pub coordinator: LogRemoval,
+    /// Remember-entities logs that held something, by persistence id.
+    pub remembered: Vec<(String, LogRemoval)>,
+}
+
+impl TypeRemoval {
+    /// Lines for the operator.
+    pub fn describe(&self) -> String {
+        let coordinator = persistence_id(&self.type_name);
+        let mut lines = Vec::new();
+        if self.coordinator.is_empty() && self.remembered.is_empty() {
+            lines.push(format!(
+                "{}: nothing stored (no events or snapshots of {coordinator})",
+                self.type_name
+            ));
+        } else if self.coordinator.is_empty() {
+            lines.push(format!(
+                "{}: nothing stored in {coordinator}",
+                self.type_name
+            ));
+        } else {
+            lines.push(format!(
+                "{}: removed {} event(s) (up to sequence number {}) and {} snapshot(s) of \
+                 {coordinator}",
+                self.type_name,
+                self.coordinator.events,
+                self.coordinator.highest_sequence_nr,
+                self.coordinator.snapshots
+            ));
+        }
+        if !self.remembered.is_empty() {
+            let events: u64 = self.remembered.iter().map(|(_, r)| r.events).sum();
+            let snapshots: usize = self.remembered.iter().map(|(_, r)| r.snapshots).sum();
+            lines.push(format!(
+                "{}: removed {events} event(s) and {snapshots} snapshot(s) of remembered \
+                 entities in {} shard log(s) ({}<shard>)",
+                self.type_name,
+                self.remembered.len(),
+                remembered_prefix(&self.type_name)
+            ));
+        }
+        lines.join("\n")
+    }
+}
+
+/// The persistence-id prefix of a type's remember-entities logs, `sharding-shard|<type>|`.
+pub fn remembered_prefix(type_name: &str) -> String {
+    format!("sharding-shard|{type_name}|")
+}
+
+/// Whether a RocksDB open failed because another process (or this one) holds the database's
+/// LOCK file: the sign of a running node.
+fn is_lock_error(detail: &str) -> bool {
+    detail.contains("/LOCK") || detail.contains("lock file") || detail.contains("lock hold")
+}
+
+fn open_error(dir: &Path, what: &'static str, path: PathBuf, detail: String) -> RemoveError {
+    if is_lock_error(&detail) {
+        RemoveError::NodeRunning {
+            dir: dir.to_path_buf(),
+            detail,
+        }
+    } else {
+        RemoveError::Open { what, path, detail }
+    }
+}
+
+/// Opens the stores of the stopped node's `data_dir` (only those that exist: nothing is
+/// created), removes the sharding data of each of `type_names` in the order given, passing
+/// what was removed to `report` as soon as a type is done (an error later leaves the earlier
+/// types removed), closes the stores and returns every type's removal.
+pub async fn remove_internal_data(
+    data_dir: &Path,
+    type_names: &[String],
+    mut report: impl FnMut(&TypeRemoval),
+) -> Result<Vec<TypeRemoval>, RemoveError> {
+    if !data_dir.is_dir() {
+        return Err(RemoveError::NoDirectory {
+            dir: data_dir.to_path_buf(),
+        });
+    }
+    let journal_path = data_dir.join("journal");
+    let snapshots_path = data_dir.join("snapshots");
+    if !journal_path.is_dir() && !snapshots_path.is_dir() {
+        return Err(RemoveError::NoStores {
+            dir: data_dir.to_path_buf(),
+        });
+    }
+    let journal = if journal_path.is_dir() {
+        let mut config = JournalConfig::new(&journal_path);
+        config.fsync = FsyncPolicy::Always;
+        let journal = RocksJournal::open(config)
+            .await
+            .map_err(|e| open_error(data_dir, "journal", journal_path.clone(), e.to_string()))?;
+        Some(journal)
+    } else {
+        None
+    };
+    let snapshots = if snapshots_path.is_dir() {
+        match RocksSnapshotStore::open(SnapshotConfig::new(&snapshots_path)).await {
+            Ok(store) => Some(store),
+            Err(e) => {
+                if let Some(journal) = journal {
+                    journal.close().await;
+                }
+                return Err(open_error(
+                    data_dir,
+                    "snapshot store",
+                    snapshots_path,
+                    e.to_string(),
+                ));
+            }
+        }
+    } else {
+        None
+    };
+    let mut removals = Vec::with_capacity(type_names.len());
+    let mut result = Ok(());
+    for type_name in type_names {
+        match remove_type(journal.as_ref(), snapshots.as_ref(), type_name).await {
+            Ok(removal) => {
+                report(&removal);
+                removals.push(removal);
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if let Some(journal) = journal {
+        journal.close().await;
+    }
+    drop(snapshots);
+    result.map(|()| removals)
+}
+
+/// Removes the coordinator log of `type_name` and its remember-entities logs from open
+/// stores (either may be absent).
+pub async fn remove_type(
+    journal: Option<&RocksJournal>,
+    snapshots: Option<&RocksSnapshotStore>,
+    type_name: &str,
+) -> Result<TypeRemoval, RemoveError> {
+    let coordinator = remove_log(journal, snapshots, &persistence_id(type_name)).await?;
+    let mut remembered = Vec::new();
+    if let Some(journal) = journal {
+        let prefix = remembered_prefix(type_name);
+        let mut ids = journal.persistence_ids(QueryMode::Current);
+        let mut logs = Vec::new();
+        while let Some(id) = ids.next().await {
+            let id = id.map_err(|e| journal_error(&prefix, e.to_string()))?;
+            if id.starts_with(&prefix) {
+                logs.push(id);
+            }
+        }
+        for pid in logs {
+            let removal = remove_log(Some(journal), snapshots, &pid).await?;
+            if !removal.is_empty() {
+                remembered.push((pid, removal));
+            }
+        }
+    }
+    Ok(TypeRemoval {
+        type_name: type_name.to_string(),
+        coordinator,
+        remembered,
+    })
+}
+
+/// Removes the events and snapshots of one log.
+async fn remove_log(
+    journal: Option<&RocksJournal>,
+    snapshots: Option<&RocksSnapshotStore>,
+    pid: &str,
+) -> Result<LogRemoval, RemoveError> {
+    let (events, highest_sequence_nr) = match journal {
+        Some(journal) => remove_events(journal, pid).await?,
+        None => (0, 0),
+    };
+    let snapshots = match snapshots {
+        Some(snapshots) => remove_snapshots(snapshots, pid).await?,
+        None => 0,
+    };
+    Ok(LogRemoval {
+        events,
+        highest_sequence_nr,
+        snapshots,
+    })
+}
+
+/// What this store holds of a log (its replica state; a log written only by the local
+/// journal reads as one of epoch-zero entries without a configuration).
+async fn locate(journal: &RocksJournal, pid: &str) -> Result<Option<LogSummary>, RemoveError> {
+    match journal
+        .replica_apply(pid, Request::Locate)
+        .await
+        .map_err(|e| journal_error(pid, e.to_string()))?
+    {
+        Response::Located { summary, .. } => Ok(summary),
+        other => Err(journal_error(
+            pid,
+            format!("unexpected answer {} to Locate", other.kind()),
+        )),
+    }
+}
+
+fn journal_error(pid: &str, detail: String) -> RemoveError {
+    RemoveError::Journal {
+        persistence_id: pid.to_string(),
+        detail,
+    }
+}
+
+/// Deletes every event of a log; returns how many were stored and the log's highest
+/// sequence number.
+async fn remove_events(journal: &RocksJournal, pid: &str) -> Result<(u64, u64), RemoveError> {
+    let Some(before) = locate(journal, pid).await? else {
+        return Ok((0, 0));
+    };
+    let last = before.last.seq;
+    let stored = last.saturating_sub(before.base.seq);
+    if stored == 0 {
+        return Ok((0, last));
+    }
+    match &before.config {
+        // Written by this journal alone: its own delete keeps it consistent.
+        None => journal
+            .delete_to(pid, last)
+            .await
+            .map_err(|e| journal_error(pid, e.to_string()))?,
+        Some(config) => {
+            if before.lac < last {
+                // The tail above the acknowledged mark would otherwise outlive the delete
+                // (a replica never deletes what it does not know acknowledged). The log is
+                // being emptied everywhere, so its tail is declared acknowledged here, under
+                // the promised epoch so that the replica rules take it.
+                let mark = Request::Append {
+                    epoch: before.promise,
+                    prev: before.last,
+                    entries: Vec::new(),
+                    lac: last,
+                    config: Some(config.config.clone()),
+                };
+                expect(journal, pid, mark, "Appended").await?;
+            }
+            let delete = Request::DeleteTo {
+                epoch: before.promise,
+                to: last,
+            };
+            expect(journal, pid, delete, "Deleted").await?;
+        }
+    }
+    let after = locate(journal, pid).await?;
+    match after {
+        Some(after) if after.base.seq >= last => Ok((stored, last)),
+        other => Err(journal_error(
+            pid,
+            format!(
+                "after the delete the log still holds entries: {:?}",
+                other.map(|s| (s.base, s.last))
+            ),
+        )),
+    }
+}
+
+async fn expect(
+    journal: &RocksJournal,
+    pid: &str,
+    request: Request<StoredEvent>,
+    wanted: &str,
+) -> Result<(), RemoveError> {
+    let response = journal
+        .replica_apply(pid, request)
+        .await
+        .map_err(|e| journal_error(pid, e.to_string()))?;
+    if response.kind() == wanted {
+        Ok(())
+    } else {
+        Err(journal_error(
+            pid,
+            format!("the replica answered {response:?}, expected {wanted}"),
+        ))
+    }
+}
+
+/// Deletes every snapshot of a log; returns how many there were.
+async fn remove_snapshots(snapshots: &RocksSnapshotStore, pid: &str) -> Result<usize, RemoveError> {
+    let error = |e: tessera_snapshot::SnapshotError| RemoveError::Snapshots {
+        persistence_id: pid.to_string(),
+        detail: e.to_string(),
+    };
+    let mut count = 0;
+    let mut criteria = SnapshotSelectionCriteria::latest();
+    while count < MAX_SNAPSHOTS_COUNTED {
+        let Some(snapshot) = snapshots.load(pid, criteria).await.map_err(error)? else {
+            break;
+        };
+        count += 1;
+        let Some(below) = snapshot.metadata.sequence_nr.checked_sub(1) else {
+            break;
+        };
+        criteria = SnapshotSelectionCriteria::up_to(below);
+    }
+    if count > 0 {
+        snapshots
+            .delete_matching(pid, SnapshotSelectionCriteria::latest())
+            .await
+            .map_err(error)?;
+    }
+    Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use tessera_cluster::{Address, UniqueAddress};
+    use tessera_coordinator::ShardId;
+    use tessera_coordinator::state::{CoordinatorState, StateEvent};
+    use tessera_coordinator::store::{CoordinatorStore, JournalStore, SNAPSHOT_EVERY_EVENTS};
+    use tessera_journal::{AtomicWrite, Manifest, NewEvent};
+    use tessera_replication::{Configuration, Entry, Epoch, Position, ReplicaId};
+
+    async fn open(dir: &Path) -> (Arc<RocksJournal>, Arc<RocksSnapshotStore>) {
+        let journal = RocksJournal::open(JournalConfig::new(dir.join("journal")))
+            .await
+            .expect("journal opens");
+        let snapshots = RocksSnapshotStore::open(SnapshotConfig::new(dir.join("snapshots")))
+            .await
+            .expect("snapshot store opens");
+        (Arc::new(journal), Arc::new(snapshots))
+    }
+
+    async fn close(journal: Arc<RocksJournal>, snapshots: Arc<RocksSnapshotStore>) {
+        Arc::into_inner(journal)
+            .expect("no other owner of the journal")
+            .close()
+            .await;
+        drop(snapshots);
+    }
+
+    fn coordinator_store(
+        journal: &Arc<RocksJournal>,
+        snapshots: &Arc<RocksSnapshotStore>,
+    ) -> JournalStore {
+        JournalStore::new(journal.clone(), snapshots.clone(), "account", false)
+    }
+
+    fn region() -> UniqueAddress {
+        UniqueAddress::new(Address::new("127.0.0.1", 25520), 7)
+    }
+
+    /// Writes a registration and enough allocations that the store saves a snapshot.
+    async fn write_coordinator_state(store: &JournalStore) -> u64 {
+        let mut state = store.load().await.expect("load");
+        let mut events = vec![StateEvent::RegionRegistered { region: region() }];
+        for shard in 0..SNAPSHOT_EVERY_EVENTS as u32 {
+            events.push(StateEvent::ShardHomeAllocated {
+                shard: ShardId(shard),
+                region: region(),
+            });
+        }
+        for event in &events {
+            state.apply(event).expect("event fits");
+        }
+        let written = events.len() as u64;
+        store.write(events, state).await.expect("write");
+        written
+    }
+
+    async fn append(journal: &RocksJournal, pid: &str, sequence_nr: u64) {
+        let write = AtomicWrite {
+            persistence_id: pid.to_string(),
+            writer_id: "test".to_string(),
+            events: vec![NewEvent {
+                sequence_nr,
+                timestamp_ms: 1,
+                manifest: Manifest::new("test", 1),
+                payload: Bytes::from_static(b"event"),
+                tags: Vec::new(),
+            }],
+        };
+        journal.append(write).await.expect("append");
+    }
+
+    async fn replayed(journal: &RocksJournal, pid: &str) -> usize {
+        journal.replay(pid, 1, u64::MAX, u64::MAX).count().await
+    }
+
+    fn types(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn removal_empties_the_coordinator_log_and_snapshots_and_leaves_other_logs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, snapshots) = open(dir.path()).await;
+        let written = write_coordinator_state(&coordinator_store(&journal, &snapshots)).await;
+        let pid = persistence_id("account");
+        assert!(
+            snapshots
+                .load(&pid, SnapshotSelectionCriteria::latest())
+                .await
+                .expect("load")
+                .is_some(),
+            "the write crossing {SNAPSHOT_EVERY_EVENTS} events saved a snapshot"
+        );
+        append(&journal, "sharding-shard|account|17", 1).await;
+        append(&journal, "account|alice", 1).await;
+        close(journal, snapshots).await;
+
+        let removed = remove_internal_data(dir.path(), &types(&["account", "cart"]), |_| {})
+            .await
+            .expect("removal");
+        assert_eq!(
+            removed[0].coordinator,
+            LogRemoval {
+                events: written,
+                highest_sequence_nr: written,
+                snapshots: 1
+            }
+        );
+        assert_eq!(removed[0].remembered.len(), 1);
+        assert!(removed[0].describe().contains("removed 1001 event(s)"));
+        assert!(removed[1].describe().contains("cart: nothing stored"));
+
+        let (journal, snapshots) = open(dir.path()).await;
+        assert_eq!(replayed(&journal, &pid).await, 0);
+        assert_eq!(replayed(&journal, "sharding-shard|account|17").await, 0);
+        assert_eq!(replayed(&journal, "account|alice").await, 1, "untouched");
+        assert!(
+            snapshots
+                .load(&pid, SnapshotSelectionCriteria::latest())
+                .await
+                .expect("load")
+                .is_none()
+        );
+        let store = coordinator_store(&journal, &snapshots);
+        let state = store.load().await.expect("load after the removal");
+        assert!(state.shards().is_empty() && state.regions().is_empty());
+        // The log continues after its highest sequence number: a new coordinator can write.
+        let event = StateEvent::RegionRegistered { region: region() };
+        let mut after = CoordinatorState::new(false);
+        after.apply(&event).expect("fits");
+        store.write(vec![event], after).await.expect("write again");
+        assert_eq!(
+            journal.highest_sequence_nr(&pid).await.expect("highest"),
+            written + 1
+        );
+        assert_eq!(store.load().await.expect("load").regions().len(), 1);
+        drop(store);
+        close(journal, snapshots).await;
+
+        let again = remove_internal_data(dir.path(), &types(&["account"]), |_| {})
+            .await
+            .expect("second removal");
+        assert_eq!(again[0].coordinator.events, 1);
+    }
+
+    #[tokio::test]
+    async fn removal_empties_a_replicated_log_including_its_unacknowledged_tail() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, snapshots) = open(dir.path()).await;
+        let pid = persistence_id("account");
+        let epoch = Epoch {
+            counter: 2,
+            writer: 9,
+        };
+        let config = Configuration::new(
+            1,
+            vec![ReplicaId::new(
+                Address::new("127.0.0.1", 25520),
+                journal.storage_id(),
+            )],
+        );
+        let entry = |seq| Entry {
+            seq,
+            epoch,
+            payload: StoredEvent {
+                timestamp_ms: 1,
+                writer_id: "sharding-coordinator".into(),
+                manifest: "test".into(),
+                manifest_version: 1,
+                payload: Bytes::from_static(b"event"),
+                tags: Vec::new(),
+            },
+        };
+        let prepare = Request::Prepare { epoch };
+        journal.replica_apply(&pid, prepare).await.expect("prepare");
+        let write = Request::Append {
+            epoch,
+            prev: Position::START,
+            entries: (1..=3).map(entry).collect(),
+            lac: 1,
+            config: Some(config.clone()),
+        };
+        let answer = journal.replica_apply(&pid, write).await.expect("append");
+        assert_eq!(answer.kind(), "Appended");
+        let removal = remove_type(Some(&*journal), Some(&*snapshots), "account")
+            .await
+            .expect("removal");
+        assert_eq!(removal.coordinator.events, 3);
+        close(journal, snapshots).await;
+
+        let (journal, snapshots) = open(dir.path()).await;
+        let summary = locate(&journal, &pid).await.expect("locate").expect("log");
+        assert_eq!((summary.base.seq, summary.last.seq, summary.lac), (3, 3, 3));
+        let read = Request::Read {
+            from: 1,
+            to: u64::MAX,
+            max_entries: 100,
+            max_bytes: 1 << 20,
+        };
+        match journal.replica_apply(&pid, read).await.expect("read") {
+            Response::Entries { entries, .. } => assert!(entries.is_empty()),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(replayed(&journal, &pid).await, 0);
+        // The replica takes its writer's next entry after the emptied log.
+        let next = Request::Append {
+            epoch,
+            prev: summary.last,
+            entries: vec![entry(4)],
+            lac: 4,
+            config: None,
+        };
+        let answer = journal.replica_apply(&pid, next).await.expect("append");
+        assert_eq!(answer.kind(), "Appended");
+        close(journal, snapshots).await;
+    }
+
+    #[tokio::test]
+    async fn removal_refuses_while_the_node_holds_the_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, snapshots) = open(dir.path()).await;
+        let error = remove_internal_data(dir.path(), &types(&["account"]), |_| {})
+            .await
+            .expect_err("the store is held");
+        assert!(matches!(error, RemoveError::NodeRunning { .. }), "{error}");
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "the node using {} is running; stop it first",
+                dir.path().display()
+            )),
+            "{message}"
+        );
+        close(journal, snapshots).await;
+    }
+
+    #[tokio::test]
+    async fn removal_names_a_directory_that_is_not_a_nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let error = remove_internal_data(dir.path(), &types(&["account"]), |_| {})
+            .await
+            .expect_err("no stores");
+        assert!(matches!(error, RemoveError::NoStores { .. }), "{error}");
+        let missing = dir.path().join("missing");
+        let error = remove_internal_data(&missing, &types(&["account"]), |_| {})
+            .await
+            .expect_err("no directory");
+        assert!(matches!(error, RemoveError::NoDirectory { .. }), "{error}");
+        assert!(!missing.exists(), "nothing is created");
+    }
+}
