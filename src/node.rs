@@ -24,13 +24,19 @@ use tessera_cluster::sbr;
 use tessera_cluster::singleton::{SingletonError, Singletons};
 use tessera_cluster::transport::{TcpTransport, Transport, TransportConfig, TransportError};
 use tessera_cluster::{Address, MemberStatus};
-use tessera_coordinator::runtime::{RuntimeSettings, ShardedType, Sharding, ShardingStartError};
+use tessera_coordinator::host::EntityNote;
+use tessera_coordinator::remember::{DdataRememberStore, JournalRememberStore, RememberStore};
+use tessera_coordinator::runtime::{
+    ENTITY_NOTE_QUEUE_CAPACITY, RememberEntitiesSetup, RuntimeSettings, ShardedType, Sharding,
+    ShardingStartError,
+};
 use tessera_coordinator::settings::ShardingSettings;
 use tessera_coordinator::store::{CoordinatorStoreFactory, DdataStoreFactory, JournalStoreFactory};
 use tessera_coordinator::wire::RegionSnapshot;
 use tessera_ddata::node::{ReplicatorHandle, ReplicatorSettings, ReplicatorStartError};
 use tessera_ddata::replicator::ReplicatorConfig;
 use tessera_entities::{EntityConfig, EntityHost, InvalidConfig};
+use tessera_entities::{EntityLifecycle, EntityType};
 use tessera_journal::{FsyncPolicy, JournalConfig, JournalError, RocksJournal};
 use tessera_persistence::{Persistence, PersistenceSettings, RocksReplicaStore};
 use tessera_replication::{QuorumError, Quorums};
@@ -241,10 +247,15 @@ pub fn cluster_core_config(config: &NodeConfig) -> ClusterCoreConfig {
 
 /// The Distributed Data settings a node configuration implies.
 pub fn replicator_settings(config: &NodeConfig) -> ReplicatorSettings {
+    let mut durable_keys = config.durable_keys.clone();
+    if config.remember_entities != RememberEntities::Off {
+        // Remembered entities survive a full cluster stop.
+        durable_keys.push(tessera_coordinator::remember::DURABLE_KEY_PATTERN.to_string());
+    }
     ReplicatorSettings {
         config: ReplicatorConfig {
             gossip_interval: config.gossip_interval,
-            durable_keys: config.durable_keys.clone(),
+            durable_keys,
             ..ReplicatorConfig::default()
         },
         durable_dir: Some(config.data_dir.join("ddata")),
@@ -256,19 +267,22 @@ pub fn replicator_settings(config: &NodeConfig) -> ReplicatorSettings {
 /// incarnation in the events it writes.
 pub fn entity_config(config: &NodeConfig, node_id: String) -> EntityConfig {
     let defaults = EntityConfig::default();
+    // Remembered entities keep running wherever their shard is (Akka turns automatic
+    // passivation off with remember-entities): a passivated entity would be forgotten.
+    let remember = config.remember_entities != RememberEntities::Off;
+    let active_entity_limit = config.active_entity_limit().filter(|_| !remember);
     EntityConfig {
         snapshot_every: config.snapshot_every,
-        passivate_after: (!config.passivate_after.is_zero()).then_some(config.passivate_after),
+        passivate_after: (!config.passivate_after.is_zero() && !remember)
+            .then_some(config.passivate_after),
         ask_timeout: config.entity_ask_timeout,
         node_id,
         // The limit is split over the host's routing partitions: never more partitions than
         // the limit allows an entity each.
-        host_partitions: config
-            .active_entity_limit()
-            .map_or(defaults.host_partitions, |limit| {
-                defaults.host_partitions.min(limit.max(1))
-            }),
-        active_entity_limit: config.active_entity_limit(),
+        host_partitions: active_entity_limit.map_or(defaults.host_partitions, |limit| {
+            defaults.host_partitions.min(limit.max(1))
+        }),
+        active_entity_limit,
         ..defaults
     }
 }
@@ -307,13 +321,14 @@ pub fn persistence_settings(config: &NodeConfig) -> Result<PersistenceSettings, 
 }
 
 /// Opens the journal (`<data_dir>/journal`) and snapshot store (`<data_dir>/snapshots`),
-/// both fsyncing every acknowledged write: this node's replicas.
+/// with `fsync` for both (a node fsyncs every acknowledged write): this node's replicas.
 async fn open_stores(
     config: &NodeConfig,
+    fsync: FsyncPolicy,
 ) -> Result<(Arc<RocksJournal>, Arc<RocksSnapshotStore>), NodeError> {
     let journal_path = config.data_dir.join("journal");
     let mut journal_config = JournalConfig::new(&journal_path);
-    journal_config.fsync = FsyncPolicy::Always;
+    journal_config.fsync = fsync;
     let journal =
         RocksJournal::open(journal_config)
             .await
@@ -322,7 +337,9 @@ async fn open_stores(
                 source,
             })?;
     let snapshots_path = config.data_dir.join("snapshots");
-    let snapshots = RocksSnapshotStore::open(SnapshotConfig::new(&snapshots_path))
+    let mut snapshots_config = SnapshotConfig::new(&snapshots_path);
+    snapshots_config.fsync = fsync;
+    let snapshots = RocksSnapshotStore::open(snapshots_config)
         .await
         .map_err(|source| NodeError::Snapshots {
             path: snapshots_path.display().to_string(),
@@ -347,7 +364,17 @@ pub fn transport_config(config: &NodeConfig) -> TransportConfig {
 /// Binds the transport and the HTTP API and starts the cluster protocols (joining through the
 /// seed nodes, if configured).
 pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
-    let (journal, snapshots) = open_stores(config).await?;
+    start_with_fsync(config, FsyncPolicy::Always).await
+}
+
+/// [`start`] with the journal's and snapshot store's fsync policy given: only for `tessera
+/// bench sharding`, which measures persisted commands with fsync `never` beside `always`. A
+/// node always fsyncs; the policy is deliberately not a configuration key.
+pub(crate) async fn start_with_fsync(
+    config: &NodeConfig,
+    fsync: FsyncPolicy,
+) -> Result<RunningNode, NodeError> {
+    let (journal, snapshots) = open_stores(config, fsync).await?;
     let transport = TcpTransport::bind(transport_config(config), rand::random()).await?;
     let cluster = tessera_cluster::node::start(transport.clone(), cluster_core_config(config))?;
     let replicator = tessera_ddata::node::start(
@@ -365,12 +392,28 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         persistence_settings(config)?,
     )?);
     let mut entities = EntityTypes::new();
-    entities.register(EntityHost::start(
-        Account,
-        persistence.journal.clone(),
-        persistence.snapshots.clone(),
-        entity_config(config, cluster.self_node().to_string()),
-    )?);
+    // Remember-entities hears every entity start and passivation of each type.
+    let mut notes = std::collections::BTreeMap::new();
+    let remember = config.remember_entities != RememberEntities::Off;
+    let account = if remember {
+        let (tx, rx) = tokio::sync::mpsc::channel(ENTITY_NOTE_QUEUE_CAPACITY);
+        notes.insert(Account::TYPE_NAME, rx);
+        EntityHost::start_with_listener(
+            Account,
+            persistence.journal.clone(),
+            persistence.snapshots.clone(),
+            entity_config(config, cluster.self_node().to_string()),
+            entity_notes(tx),
+        )?
+    } else {
+        EntityHost::start(
+            Account,
+            persistence.journal.clone(),
+            persistence.snapshots.clone(),
+            entity_config(config, cluster.self_node().to_string()),
+        )?
+    };
+    entities.register(account);
     let entities = Arc::new(entities);
     let singletons = Singletons::start(transport.clone(), cluster.watch())?;
     let stores: Box<dyn CoordinatorStoreFactory> = match config.state_store_mode {
@@ -380,7 +423,6 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
             snapshots: persistence.snapshots.clone(),
         }),
     };
-    let remember = config.remember_entities != RememberEntities::Off;
     let types = entities
         .hosts()
         .map(|(name, host)| ShardedType {
@@ -390,6 +432,18 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
             settings: sharding_settings(config),
             role: None,
             store: stores.store(name, remember),
+            remember: notes.remove(name).map(|notes| RememberEntitiesSetup {
+                store: match config.remember_entities {
+                    RememberEntities::Eventsourced => Arc::new(JournalRememberStore::new(
+                        persistence.journal.clone(),
+                        replicator.clone(),
+                        name,
+                    ))
+                        as Arc<dyn RememberStore>,
+                    _ => Arc::new(DdataRememberStore::new(replicator.clone(), name)),
+                },
+                notes,
+            }),
         })
         .collect();
     let sharding = Arc::new(Sharding::start(
@@ -455,6 +509,26 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode, NodeError> {
         http_shutdown,
         http_task,
     })
+}
+
+/// The entity host's lifecycle listener for remember-entities: starts and passivations, into a
+/// bounded queue (it must not block the host; a full queue loses the note, see
+/// [`ENTITY_NOTE_QUEUE_CAPACITY`]).
+fn entity_notes(
+    notes: tokio::sync::mpsc::Sender<EntityNote>,
+) -> impl Fn(EntityLifecycle) + Send + Sync + 'static {
+    move |event| {
+        let note = match event {
+            EntityLifecycle::Started { id } => EntityNote::Started(id.as_str().to_string()),
+            EntityLifecycle::Stopped { id, reason } if reason.is_passivation() => {
+                EntityNote::Passivated(id.as_str().to_string())
+            }
+            EntityLifecycle::Stopped { .. } => return,
+        };
+        if notes.try_send(note).is_err() {
+            tracing::debug!("an entity note was lost: the remember-entities queue is full");
+        }
+    }
 }
 
 /// The HTTP API's face of cluster sharding: entity commands routed to their shard's node,

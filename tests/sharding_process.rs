@@ -397,3 +397,122 @@ async fn a_node_stopped_with_sigterm_hands_off_its_shards_and_fails_no_request()
         kill(node).await;
     }
 }
+
+/// Polls `GET /sharding/account` on `nodes` until every one of `accounts` runs somewhere
+/// (nothing is sent to the accounts themselves); returns how long it took.
+async fn wait_running(nodes: &[&NodeProcess], accounts: &BTreeSet<String>, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let mut running = BTreeSet::new();
+        for node in nodes {
+            if let Ok(response) =
+                http_client::get(node.http, "/sharding/account", Duration::from_secs(5)).await
+                && response.status == 200
+                && let Some(json) = response.json()
+            {
+                for shard in json["shards"].as_array().cloned().unwrap_or_default() {
+                    for id in shard["entities"].as_array().cloned().unwrap_or_default() {
+                        if let Some(id) = id.as_str() {
+                            running.insert(id.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        let missing: Vec<&String> = accounts.difference(&running).collect();
+        if missing.is_empty() {
+            println!("{what}: {:.1}s", start.elapsed().as_secs_f64());
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what}: {} accounts never started, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn remembered_entities(remember: &str, state_store: &str) {
+    let _serial = common::one_at_a_time().await;
+    let dir = test_dir();
+    let extra = [
+        "--remember-entities",
+        remember,
+        "--state-store-mode",
+        state_store,
+    ];
+    let (ports, mut nodes) = cluster(3, dir.path(), &extra).await;
+    let ports = &ports[..3];
+    let accounts: BTreeSet<String> = (0..30).map(|i| format!("acct-{i}")).collect();
+    let mut balances = BTreeMap::new();
+    for (i, account) in accounts.iter().enumerate() {
+        let response = deposits::command(
+            nodes[0].http,
+            account,
+            &format!(r#"{{"deposit": {}}}"#, i + 1),
+        )
+        .await;
+        assert_eq!(response.status, 200, "{}", response.body);
+        balances.insert(account.clone(), (i + 1) as u64);
+    }
+    // The shards write their remembered ids a tick after the entities start.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let on_node_2 = hosted(&nodes[2]).await;
+    assert!(!on_node_2.is_empty(), "node 2 runs accounts");
+    let gone = nodes[2].cluster.clone();
+    kill(&mut nodes[2]).await;
+    wait_removed(&[&nodes[0], &nodes[1]], &gone).await;
+    wait_running(
+        &[&nodes[0], &nodes[1]],
+        &on_node_2,
+        &format!(
+            "[{remember}] node 2's remembered accounts running on the others after its SIGKILL"
+        ),
+    )
+    .await;
+    // The whole cluster stops (killed) and starts again on the same data.
+    for node in &mut nodes[..2] {
+        kill(node).await;
+    }
+    let mut restarted = Vec::new();
+    for i in 0..3 {
+        let node = demo::spawn_node(
+            exe(),
+            i + 1,
+            &args(i, ports, dir.path(), &extra),
+            dir.path().join(format!("n{i}-restart.log")),
+        )
+        .await
+        .expect("node restarts");
+        restarted.push(node);
+    }
+    wait_up(&restarted.iter().collect::<Vec<_>>(), 3).await;
+    wait_running(
+        &restarted.iter().collect::<Vec<_>>(),
+        &accounts,
+        &format!("[{remember}] every remembered account running after a full cluster restart"),
+    )
+    .await;
+    for (account, balance) in &balances {
+        assert_eq!(
+            deposits::balance(restarted[1].http, account).await,
+            *balance,
+            "{account}"
+        );
+    }
+    for node in &mut restarted {
+        kill(node).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_entities_in_ddata_restart_after_a_crash_and_a_full_restart() {
+    remembered_entities("ddata", "ddata").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_entities_in_the_journal_restart_after_a_crash_and_a_full_restart() {
+    remembered_entities("eventsourced", "persistence").await;
+}

@@ -81,4 +81,17 @@ pub trait ShardHost: Send + Sync + 'static {
 
     /// The ids of the entities running now.
     fn live_entity_ids(&self) -> BoxFuture<'static, Vec<String>>;
+
+    /// Starts the given entities without a command (they recover and wait): a shard's
+    /// remembered entities, wherever the shard lands.
+    fn start_entities(&self, entity_ids: Vec<String>);
+}
+
+/// What a host tells the region about its entities, for remember-entities: an entity started,
+/// or passivated (stopped by itself or for being idle, so it is forgotten). Entities stopped by
+/// a handoff or a shutdown are not reported as passivated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EntityNote {
+    Started(String),
+    Passivated(String),
 }

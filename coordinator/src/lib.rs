@@ -16,6 +16,7 @@ pub mod coordinator;
 pub mod host;
 pub mod messages;
 pub mod region;
+pub mod remember;
 pub mod runtime;
 pub mod settings;
 pub mod shard_id;

@@ -9,9 +9,10 @@
 //! back as frames too, matched by a reply id at the node whose caller waits.
 
 use crate::coordinator::{CoordinatorOutput, MembershipView, ShardCoordinator};
-use crate::host::{AskFailure, AskOutcome, FailureKind, ShardHost};
+use crate::host::{AskFailure, AskOutcome, EntityNote, FailureKind, ShardHost};
 use crate::messages::{BetweenRegions, HandoffId, ToCoordinator, ToRegion};
 use crate::region::{Origin, RegionOutput, RegionView, ShardRegion};
+use crate::remember::RememberStore;
 use crate::settings::ShardingSettings;
 use crate::shard_id::{ShardId, shard_of};
 use crate::store::{CoordinatorStore, StoreError};
@@ -63,7 +64,21 @@ pub struct ShardedType {
     pub role: Option<String>,
     /// The store of the type's coordinator state.
     pub store: Arc<dyn CoordinatorStore>,
+    /// With remember-entities: where shards keep their entity ids, and the host's reports of
+    /// entities starting and passivating (a bounded queue the host's listener fills).
+    pub remember: Option<RememberEntitiesSetup>,
 }
+
+/// Remember-entities for one entity type.
+pub struct RememberEntitiesSetup {
+    pub store: Arc<dyn RememberStore>,
+    pub notes: mpsc::Receiver<EntityNote>,
+}
+
+/// Bound of a type's queue of entity notes (the host's listener `try_send`s into it; a note
+/// that finds it full is counted and lost: that entity is not remembered or forgotten until
+/// its next start or passivation).
+pub const ENTITY_NOTE_QUEUE_CAPACITY: usize = 65_536;
 
 /// Settings of the node's sharding runtime.
 #[derive(Clone, Debug)]
@@ -113,6 +128,11 @@ pub struct ShardingCounters {
     pub replies_late: AtomicU64,
     pub coordinator_writes: AtomicU64,
     pub coordinator_write_failures: AtomicU64,
+    /// Remembered-entity changes stored, and writes that failed (retried).
+    pub remember_writes: AtomicU64,
+    pub remember_write_failures: AtomicU64,
+    /// Remembered entities started where their shard landed.
+    pub remembered_started: AtomicU64,
 }
 
 impl ShardingCounters {
@@ -181,6 +201,11 @@ enum RegionInput {
         result: Result<Vec<u8>, AskFailure>,
     },
     ShardStopped(ShardId),
+    /// A write of remembered-entity changes finished; failed ones are queued again.
+    RememberWritten {
+        shard: ShardId,
+        failed: Option<RememberChanges>,
+    },
     State(oneshot::Sender<RegionSnapshot>),
     RemoteState(Responder),
     BeginShutdown(oneshot::Sender<()>),
@@ -251,6 +276,7 @@ impl<T: Transport> Sharding<T> {
                 let type_name = sharded.type_name.clone();
                 let settings = sharded.settings.clone();
                 let store = sharded.store.clone();
+                let remember = sharded.remember.as_ref().map(|r| r.store.clone());
                 let transport = transport.clone();
                 let membership = membership.clone();
                 let coordinators = coordinators.clone();
@@ -261,6 +287,7 @@ impl<T: Transport> Sharding<T> {
                         type_name: type_name.clone(),
                         settings: settings.clone(),
                         store: store.clone(),
+                        remember: remember.clone(),
                         transport: transport.clone(),
                         membership: membership.clone(),
                         coordinators: coordinators.clone(),
@@ -284,6 +311,10 @@ impl<T: Transport> Sharding<T> {
             let (gauges_tx, gauges) = watch::channel(RegionGauges::default());
             let self_id = transport.local().clone();
             let hosts = sharded.host.is_some();
+            let (remember_store, notes) = match sharded.remember {
+                Some(setup) => (Some(setup.store), Some(setup.notes)),
+                None => (None, None),
+            };
             let task = RegionTask {
                 type_name: sharded.type_name.clone(),
                 self_id: self_id.clone(),
@@ -301,9 +332,13 @@ impl<T: Transport> Sharding<T> {
                 gauges: gauges_tx,
                 shutdown_waiters: Vec::new(),
                 counters: counters.clone(),
+                remember: remember_store,
+                remember_pending: BTreeMap::new(),
+                remember_writing: BTreeSet::new(),
             };
             tasks.push(tokio::spawn(task.run(
                 inputs_rx,
+                notes,
                 membership.clone(),
                 singleton.watch_status(),
                 shutdown.child_token(),
@@ -623,6 +658,39 @@ fn live_members(snapshot: &ClusterSnapshot) -> BTreeSet<UniqueAddress> {
         .collect()
 }
 
+/// Remembered-entity changes of one shard not stored yet.
+#[derive(Default)]
+struct RememberChanges {
+    started: BTreeSet<String>,
+    stopped: BTreeSet<String>,
+}
+
+impl RememberChanges {
+    fn start(&mut self, id: String) {
+        self.stopped.remove(&id);
+        self.started.insert(id);
+    }
+
+    fn stop(&mut self, id: String) {
+        self.started.remove(&id);
+        self.stopped.insert(id);
+    }
+
+    /// Adds `later` after these changes.
+    fn then(&mut self, later: RememberChanges) {
+        for id in later.started {
+            self.start(id);
+        }
+        for id in later.stopped {
+            self.stop(id);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.started.is_empty() && self.stopped.is_empty()
+    }
+}
+
 struct RegionTask<T: Transport> {
     type_name: String,
     self_id: UniqueAddress,
@@ -642,12 +710,17 @@ struct RegionTask<T: Transport> {
     gauges: watch::Sender<RegionGauges>,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
     counters: Arc<ShardingCounters>,
+    remember: Option<Arc<dyn RememberStore>>,
+    /// Changes waiting to be written, per shard (one write in flight per shard).
+    remember_pending: BTreeMap<ShardId, RememberChanges>,
+    remember_writing: BTreeSet<ShardId>,
 }
 
 impl<T: Transport> RegionTask<T> {
     async fn run(
         mut self,
         mut inputs: mpsc::Receiver<RegionInput>,
+        mut notes: Option<mpsc::Receiver<EntityNote>>,
         mut membership: watch::Receiver<ClusterSnapshot>,
         mut singleton: watch::Receiver<SingletonStatus>,
         stop: CancellationToken,
@@ -678,10 +751,20 @@ impl<T: Transport> RegionTask<T> {
                     Some(input) => self.handle(input),
                     None => break,
                 },
+                note = async {
+                    match notes.as_mut() {
+                        Some(notes) => notes.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => match note {
+                    Some(note) => self.note(note),
+                    None => notes = None,
+                },
                 _ = ticker.tick() => {
                     let out = self.region.tick(clock_now());
                     self.outputs(out);
                     self.expire_waiting();
+                    self.write_remembered();
                 }
             }
             self.publish();
@@ -783,6 +866,16 @@ impl<T: Transport> RegionTask<T> {
                 let out = self.region.shard_stopped(shard, now);
                 self.outputs(out);
             }
+            RegionInput::RememberWritten { shard, failed } => {
+                self.remember_writing.remove(&shard);
+                if let Some(mut changes) = failed {
+                    // Retried on a later tick, before the changes noted since.
+                    if let Some(later) = self.remember_pending.remove(&shard) {
+                        changes.then(later);
+                    }
+                    self.remember_pending.insert(shard, changes);
+                }
+            }
             RegionInput::State(reply) => {
                 let answer = self.snapshot();
                 tokio::spawn(async move {
@@ -812,6 +905,105 @@ impl<T: Transport> RegionTask<T> {
                 }
             }
         }
+    }
+
+    /// An entity started or passivated: noted for its shard's remembered ids.
+    fn note(&mut self, note: EntityNote) {
+        if self.remember.is_none() {
+            return;
+        }
+        let (id, started) = match note {
+            EntityNote::Started(id) => (id, true),
+            EntityNote::Passivated(id) => (id, false),
+        };
+        let Ok(entity) = EntityId::new(&id) else {
+            return;
+        };
+        let changes = self
+            .remember_pending
+            .entry(shard_of(&entity, self.number_of_shards))
+            .or_default();
+        if started {
+            changes.start(id);
+        } else {
+            changes.stop(id);
+        }
+    }
+
+    /// Writes the noted changes of every shard that has no write in flight.
+    fn write_remembered(&mut self) {
+        let Some(store) = self.remember.clone() else {
+            return;
+        };
+        let ready: Vec<ShardId> = self
+            .remember_pending
+            .keys()
+            .filter(|s| !self.remember_writing.contains(*s))
+            .copied()
+            .collect();
+        for shard in ready {
+            let Some(changes) = self.remember_pending.remove(&shard) else {
+                continue;
+            };
+            if changes.is_empty() {
+                continue;
+            }
+            self.remember_writing.insert(shard);
+            let write = store.update(
+                shard,
+                changes.started.iter().cloned().collect(),
+                changes.stopped.iter().cloned().collect(),
+            );
+            let inputs = self.inputs.clone();
+            let counters = self.counters.clone();
+            let type_name = self.type_name.clone();
+            tokio::spawn(async move {
+                let failed = match write.await {
+                    Ok(()) => {
+                        ShardingCounters::incr(&counters.remember_writes);
+                        None
+                    }
+                    Err(error) => {
+                        ShardingCounters::incr(&counters.remember_write_failures);
+                        tracing::debug!(type_name, %shard, %error, "remembered entities not written; retrying");
+                        Some(changes)
+                    }
+                };
+                let _ = inputs
+                    .send(RegionInput::RememberWritten { shard, failed })
+                    .await;
+            });
+        }
+    }
+
+    /// Starts the shard's remembered entities (read from the store, retried while it is
+    /// unavailable and the shard still runs here).
+    fn start_remembered(&self, shard: ShardId) {
+        let (Some(store), Some(host)) = (self.remember.clone(), self.host.clone()) else {
+            return;
+        };
+        let counters = self.counters.clone();
+        let type_name = self.type_name.clone();
+        tokio::spawn(async move {
+            for attempt in 0..10u32 {
+                match store.entities(shard).await {
+                    Ok(ids) => {
+                        if !ids.is_empty() {
+                            counters
+                                .remembered_started
+                                .fetch_add(ids.len() as u64, Ordering::Relaxed);
+                            host.start_entities(ids.into_iter().collect());
+                        }
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::debug!(type_name, %shard, attempt, %error, "cannot read the shard's remembered entities");
+                        tokio::time::sleep(LOAD_RETRY_INTERVAL * (attempt + 1)).await;
+                    }
+                }
+            }
+            tracing::warn!(type_name, %shard, "the shard's remembered entities could not be read; they start on their next message");
+        });
     }
 
     /// The local shards with their live entities, computed off the task.
@@ -899,7 +1091,7 @@ impl<T: Transport> RegionTask<T> {
                     }
                 },
                 RegionOutput::DeliverLocal { shard, message } => self.deliver_local(shard, message),
-                RegionOutput::StartShard(_) => {}
+                RegionOutput::StartShard(shard) => self.start_remembered(shard),
                 RegionOutput::StopShard(shard) => self.stop_shard(shard),
                 RegionOutput::Refused { message, error } => {
                     let failure = AskFailure::new(
@@ -1069,6 +1261,7 @@ struct CoordinatorTask<T: Transport> {
     type_name: String,
     settings: ShardingSettings,
     store: Arc<dyn CoordinatorStore>,
+    remember: Option<Arc<dyn RememberStore>>,
     transport: Arc<T>,
     membership: watch::Receiver<ClusterSnapshot>,
     coordinators: CoordinatorRoutes,
@@ -1105,7 +1298,7 @@ impl<T: Transport> CoordinatorTask<T> {
         tracing::info!(type_name = %self.type_name, "shard coordinator starting");
         let mut coordinator = ShardCoordinator::new(self.settings.clone(), rand::random());
         // Read the state, as long as it takes; the regions repeat what they ask meanwhile.
-        let state = loop {
+        let mut state = loop {
             tokio::select! {
                 _ = context.stop.cancelled() => {
                     self.unregister(route_id);
@@ -1120,6 +1313,33 @@ impl<T: Transport> CoordinatorTask<T> {
                 },
             }
         };
+        // Shards with remembered entities are allocated at once, also those a coordinator whose
+        // state was lost (a full restart with its state in Distributed Data) never knew.
+        if let Some(remember) = &self.remember {
+            let remembered = loop {
+                tokio::select! {
+                    _ = context.stop.cancelled() => {
+                        self.unregister(route_id);
+                        return;
+                    }
+                    shards = remember.shards() => match shards {
+                        Ok(shards) => break shards,
+                        Err(error) => {
+                            tracing::warn!(type_name = %self.type_name, %error, "cannot read the shards with remembered entities; retrying");
+                            tokio::time::sleep(LOAD_RETRY_INTERVAL).await;
+                        }
+                    },
+                }
+            };
+            let unallocated: BTreeSet<ShardId> = state
+                .unallocated()
+                .iter()
+                .copied()
+                .chain(remembered)
+                .filter(|s| s.0 < self.settings.number_of_shards)
+                .collect();
+            state.set_unallocated(unallocated);
+        }
         tracing::info!(
             type_name = %self.type_name,
             shards = state.shards().len(),

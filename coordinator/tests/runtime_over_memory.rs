@@ -83,6 +83,12 @@ impl ShardHost for CounterHost {
         let ids = self.live.lock().unwrap().iter().cloned().collect();
         futures::future::ready(ids).boxed()
     }
+
+    fn start_entities(&self, entity_ids: Vec<String>) {
+        for id in entity_ids {
+            drop(self.ask(&id, b"get".to_vec()));
+        }
+    }
 }
 
 struct TestNode {
@@ -132,6 +138,7 @@ fn start_node(
             settings: sharding_settings(),
             role: None,
             store: store.clone() as Arc<dyn CoordinatorStore>,
+            remember: None,
         }],
         RuntimeSettings::default(),
     )

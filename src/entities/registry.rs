@@ -77,6 +77,9 @@ pub trait JsonEntityType: Send + Sync + 'static {
     /// The ids of the entities running now.
     fn live_entity_ids(&self) -> BoxFuture<'_, Vec<String>>;
 
+    /// Starts the given entities without a command (remembered entities).
+    fn start_entities(&self, ids: Vec<String>);
+
     /// The host's lifecycle counters.
     fn stats(&self) -> HostStats;
 }
@@ -125,6 +128,17 @@ impl<E: EntityType> JsonEntityType for EntityHost<E> {
         // cannot be running.
         let ids: Vec<EntityId> = ids.iter().filter_map(|id| EntityId::new(id).ok()).collect();
         EntityHost::stop_entities(self, ids).boxed()
+    }
+
+    fn start_entities(&self, ids: Vec<String>) {
+        let ids: Vec<EntityId> = ids.iter().filter_map(|id| EntityId::new(id).ok()).collect();
+        let skipped = EntityHost::start_entities(self, ids);
+        if !skipped.is_empty() {
+            tracing::debug!(
+                count = skipped.len(),
+                "remembered entities not started (queues full); they start on their next command"
+            );
+        }
     }
 
     fn live_entity_ids(&self) -> BoxFuture<'_, Vec<String>> {

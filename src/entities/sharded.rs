@@ -46,6 +46,10 @@ impl ShardHost for JsonShardHost {
         self.0.stop_entities(entity_ids)
     }
 
+    fn start_entities(&self, entity_ids: Vec<String>) {
+        self.0.start_entities(entity_ids);
+    }
+
     fn live_entity_ids(&self) -> BoxFuture<'static, Vec<String>> {
         let host = self.0.clone();
         async move { host.live_entity_ids().await }.boxed()
