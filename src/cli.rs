@@ -165,6 +165,9 @@ pub struct NodeArgs {
     /// Messages a shard region buffers for shards whose home is not known yet [default: 100000] [env: TESSERA_SHARD_BUFFER_SIZE]
     #[arg(long, value_name = "N")]
     pub shard_buffer_size: Option<String>,
+    /// Hosts sharded entities only on members with this role; others route (proxy-only) [default: none] [env: TESSERA_SHARDING_ROLE]
+    #[arg(long, value_name = "ROLE")]
+    pub sharding_role: Option<String>,
 }
 
 impl NodeArgs {
@@ -211,6 +214,7 @@ impl NodeArgs {
             handoff_timeout: self.handoff_timeout.as_deref().map(Into::into),
             active_entity_limit: self.active_entity_limit.as_deref().map(Into::into),
             shard_buffer_size: self.shard_buffer_size.as_deref().map(Into::into),
+            sharding_role: self.sharding_role.clone(),
         }
     }
 

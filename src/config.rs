@@ -18,7 +18,7 @@ use tessera_cluster::Address;
 /// Every configuration key, as written in the TOML file; the environment variable is
 /// `TESSERA_` followed by the key in upper case, the flag is the key with `-` for `_`
 /// (except `seed_nodes`, whose flag is the repeatable `--seed`).
-pub const KEYS: [&str; 39] = [
+pub const KEYS: [&str; 40] = [
     "host",
     "port",
     "http_host",
@@ -58,6 +58,7 @@ pub const KEYS: [&str; 39] = [
     "handoff_timeout",
     "active_entity_limit",
     "shard_buffer_size",
+    "sharding_role",
 ];
 
 /// Environment variable naming the config file when `--config` is not given.
@@ -163,6 +164,9 @@ pub struct NodeConfig {
     /// How many messages a shard region buffers for shards whose home it does not know yet;
     /// one more is refused with an error.
     pub shard_buffer_size: u32,
+    /// Only members with this role host sharded entities and run their coordinators; the
+    /// others route to them (proxy-only). None: every member hosts.
+    pub sharding_role: Option<String>,
 }
 
 impl Default for NodeConfig {
@@ -210,6 +214,7 @@ impl Default for NodeConfig {
             handoff_timeout: Duration::from_secs(60),
             active_entity_limit: 100_000,
             shard_buffer_size: 100_000,
+            sharding_role: None,
         }
     }
 }
@@ -503,6 +508,7 @@ pub struct ConfigLayer {
     pub handoff_timeout: Option<Scalar>,
     pub active_entity_limit: Option<Scalar>,
     pub shard_buffer_size: Option<Scalar>,
+    pub sharding_role: Option<String>,
 }
 
 impl ConfigLayer {
@@ -589,6 +595,7 @@ impl ConfigLayer {
             "handoff_timeout" => self.handoff_timeout = scalar(),
             "active_entity_limit" => self.active_entity_limit = scalar(),
             "shard_buffer_size" => self.shard_buffer_size = scalar(),
+            "sharding_role" => self.sharding_role = text(),
             _ => return false,
         }
         true
@@ -647,6 +654,7 @@ impl ConfigLayer {
             handoff_timeout: over.handoff_timeout.or(self.handoff_timeout),
             active_entity_limit: over.active_entity_limit.or(self.active_entity_limit),
             shard_buffer_size: over.shard_buffer_size.or(self.shard_buffer_size),
+            sharding_role: over.sharding_role.or(self.sharding_role),
         }
     }
 }
@@ -928,6 +936,17 @@ impl NodeConfig {
                 parse_int(k, v, 1, u32::MAX.into()).map(|n| n as u32)
             })?
             .unwrap_or(d.shard_buffer_size),
+            sharding_role: match layer.sharding_role {
+                Some(role) if role.trim().is_empty() => None,
+                Some(role) => Some(parse_role(role.trim()).map_err(|_| {
+                    invalid(
+                        "sharding_role",
+                        &role,
+                        "a role name without spaces or commas, like backend",
+                    )
+                })?),
+                None => d.sharding_role,
+            },
             host,
             http_host,
             cluster_secret,
@@ -1809,6 +1828,20 @@ mod tests {
         let config = from(&[("rebalance_interval", "500ms"), ("handoff_timeout", "2m")]).unwrap();
         assert_eq!(config.rebalance_interval, Duration::from_millis(500));
         assert_eq!(config.handoff_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn sharding_role_is_a_role_name() {
+        assert_eq!(from(&[]).unwrap().sharding_role, None);
+        assert_eq!(
+            from(&[("sharding_role", "backend")]).unwrap().sharding_role,
+            Some("backend".to_string())
+        );
+        assert_eq!(
+            error(&[("sharding_role", "a b")]),
+            "invalid value \"a b\" for sharding_role: expected a role name without spaces or \
+             commas, like backend"
+        );
     }
 
     #[test]

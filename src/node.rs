@@ -423,26 +423,35 @@ pub(crate) async fn start_with_fsync(
             snapshots: persistence.snapshots.clone(),
         }),
     };
+    // Without the sharding role this node only routes: its region is a proxy.
+    let hosts_entities = config
+        .sharding_role
+        .as_ref()
+        .is_none_or(|role| config.roles.contains(role));
     let types = entities
         .hosts()
         .map(|(name, host)| ShardedType {
             type_name: name.to_string(),
-            host: Some(Arc::new(JsonShardHost(host.clone()))
-                as Arc<dyn tessera_coordinator::host::ShardHost>),
+            host: hosts_entities.then(|| {
+                Arc::new(JsonShardHost(host.clone()))
+                    as Arc<dyn tessera_coordinator::host::ShardHost>
+            }),
             settings: sharding_settings(config),
-            role: None,
+            role: config.sharding_role.clone(),
             store: stores.store(name, remember),
-            remember: notes.remove(name).map(|notes| RememberEntitiesSetup {
-                store: match config.remember_entities {
-                    RememberEntities::Eventsourced => Arc::new(JournalRememberStore::new(
-                        persistence.journal.clone(),
-                        replicator.clone(),
-                        name,
-                    ))
-                        as Arc<dyn RememberStore>,
-                    _ => Arc::new(DdataRememberStore::new(replicator.clone(), name)),
-                },
-                notes,
+            remember: notes.remove(name).filter(|_| hosts_entities).map(|notes| {
+                RememberEntitiesSetup {
+                    store: match config.remember_entities {
+                        RememberEntities::Eventsourced => Arc::new(JournalRememberStore::new(
+                            persistence.journal.clone(),
+                            replicator.clone(),
+                            name,
+                        ))
+                            as Arc<dyn RememberStore>,
+                        _ => Arc::new(DdataRememberStore::new(replicator.clone(), name)),
+                    },
+                    notes,
+                }
             }),
         })
         .collect();

@@ -516,3 +516,50 @@ async fn remembered_entities_in_ddata_restart_after_a_crash_and_a_full_restart()
 async fn remembered_entities_in_the_journal_restart_after_a_crash_and_a_full_restart() {
     remembered_entities("eventsourced", "persistence").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_only_node_routes_to_the_others_and_hosts_nothing() {
+    let _serial = common::one_at_a_time().await;
+    let dir = test_dir();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut extra = vec!["--sharding-role", "shard"];
+        if i < 2 {
+            extra.extend(["--roles", "shard"]);
+        }
+        nodes.push(spawn(i, &ports, dir.path(), &extra).await);
+        wait_up(&nodes.iter().collect::<Vec<_>>(), i + 1).await;
+    }
+    wait_ready(&nodes.iter().collect::<Vec<_>>()).await;
+    let accounts: BTreeSet<String> = (0..40).map(|i| format!("acct-{i}")).collect();
+    for account in &accounts {
+        let response = deposits::command(nodes[2].http, account, r#"{"deposit": 3}"#).await;
+        assert_eq!(response.status, 200, "{}", response.body);
+    }
+    assert!(
+        hosted(&nodes[2]).await.is_empty(),
+        "the proxy hosts nothing"
+    );
+    let shards = http_client::get(nodes[2].http, "/sharding/account", Duration::from_secs(5))
+        .await
+        .expect("GET /sharding/account");
+    assert_eq!(
+        shards.json().expect("JSON")["shards"]
+            .as_array()
+            .map(Vec::len),
+        Some(0)
+    );
+    let served: BTreeSet<String> = hosted(&nodes[0])
+        .await
+        .union(&hosted(&nodes[1]).await)
+        .cloned()
+        .collect();
+    assert_eq!(served, accounts, "the role's members run every account");
+    for account in &accounts {
+        assert_eq!(deposits::balance(nodes[2].http, account).await, 3);
+    }
+    for node in &mut nodes {
+        kill(node).await;
+    }
+}
