@@ -163,8 +163,14 @@ async fn durable_keys_are_present_after_a_node_restart() {
         first.body
     );
     let rest = get(&node, "/ddata/keys?after=durable-carts&limit=5").await;
+    let mut rest_json = rest.json().unwrap();
+    // Cluster sharding keeps its coordinator's state in Distributed Data too (not durable:
+    // the restarted node may or may not have it back from the others yet).
+    if let Some(keys) = rest_json["keys"].as_array_mut() {
+        keys.retain(|k| !k.as_str().is_some_and(|k| k.starts_with("sharding-")));
+    }
     assert_eq!(
-        rest.json().unwrap(),
+        rest_json,
         serde_json::json!({"keys": ["durable-orders"], "next": null}),
         "{}",
         rest.body

@@ -51,11 +51,21 @@ async fn three_nodes_form_detect_a_kill_and_leave_on_sigterm() {
     })
     .await;
     println!("formation took {formed:?} (acceptance: within 5 s)");
+    // Ready once Up and its shard regions are registered with their coordinator, a moment
+    // after formation.
     for node in &nodes {
-        let ready = http_client::get(node.http, "/health/ready", Duration::from_secs(5))
-            .await
-            .expect("ready");
-        assert_eq!(ready.status, 200);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = http_client::get(node.http, "/health/ready", Duration::from_secs(5))
+                .await
+                .expect("ready");
+            if ready.status == 200 {
+                break;
+            }
+            assert_eq!(ready.status, 503, "{}", ready.body);
+            assert!(std::time::Instant::now() < deadline, "{}", ready.body);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     // SIGKILL node 3: the others see it unreachable, then downed and gone.
