@@ -285,6 +285,8 @@ pub enum BenchCommand {
     Ddata(BenchDdataArgs),
     /// Entity command throughput, recovery time and memory against the raw journal.
     Entities(BenchEntitiesArgs),
+    /// Sharded asks against the entity host asked directly, and coordinator failover time.
+    Sharding(BenchShardingArgs),
 }
 
 /// Flags of `tessera bench ddata`.
@@ -352,6 +354,21 @@ pub struct BenchEntitiesArgs {
     pub quick: bool,
     /// Directory for the benchmark's databases (created, then removed) [default: a fresh
     /// directory in the system temp dir]. Put it on the disk you want to measure.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// Flags of `tessera bench sharding`.
+#[derive(Debug, Args)]
+pub struct BenchShardingArgs {
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Shorter phases and the failover with Distributed Data only, for a quick look.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for the nodes' data (created, then removed) [default: a fresh directory in
+    /// the system temp dir]. Put it on the disk you want to measure.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
 }

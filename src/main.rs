@@ -144,5 +144,23 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Bench(BenchCommand::Sharding(args)) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            let dir = args.dir.unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("tessera-bench-sharding-{}", std::process::id()))
+            });
+            let params = if args.quick {
+                tessera::bench::sharding::ShardingBenchParams::quick(dir)
+            } else {
+                tessera::bench::sharding::ShardingBenchParams::full(dir)
+            };
+            match tessera::bench::sharding::run(params, args.json).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: bench sharding failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }

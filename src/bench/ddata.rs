@@ -12,7 +12,7 @@
 //! - `idle-gossip-<K>keys`: bytes per second all nodes send while nothing changes. Baseline:
 //!   what a naive anti-entropy sending every key's digest each round would send.
 
-use super::{print_json_row, progress};
+use super::{percentile, print_json_row, progress};
 use bytes::Bytes;
 use serde::Serialize;
 use std::sync::Arc;
@@ -213,14 +213,6 @@ where
     }
     all.sort_by(f64::total_cmp);
     Ok((all, started.elapsed()))
-}
-
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(index).copied()
 }
 
 fn latency_row(

@@ -7,6 +7,7 @@ pub mod ddata;
 pub mod entities;
 pub mod journal;
 pub mod replicated;
+pub mod sharding;
 
 use serde::Serialize;
 
@@ -21,4 +22,13 @@ pub fn print_json_row<T: Serialize>(row: &T) {
         Ok(line) => println!("{line}"),
         Err(e) => eprintln!("error: cannot encode a benchmark row: {e}"),
     }
+}
+
+/// The value at fraction `p` (0.5 for the median) of ascending `sorted`; `None` when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(index).copied()
 }
