@@ -251,17 +251,18 @@ pub enum ShardingCommand {
 }
 
 const REMOVE_INTERNAL_DATA_AFTER_HELP: &str = "Removes, for each TYPE, the events and \
-snapshots of the coordinator's log sharding-coordinator|TYPE (shard homes and, with \
-remember_entities on, the remembered entities) and of the remember-entities logs \
-sharding-shard|TYPE|<shard> from DIR/journal and DIR/snapshots, and prints what was removed \
-per type. The node must be stopped: the command refuses while a node holds the stores.
+snapshots of the coordinator's log sharding-coordinator|TYPE (its shard homes) from \
+DIR/journal and DIR/snapshots, leaving \
+the log empty (an empty-state snapshot at its highest sequence number), and prints what was \
+removed per type. The node must be stopped: the command refuses while a node holds the stores. \
+Remember-entities data (logs sharding-shard|TYPE|<shard>, durable keys shard-TYPE-*) is not \
+removed.
 
 With state_store_mode = ddata (the default) the coordinator's state is kept in Distributed \
-Data, not on disk: there is nothing to remove (stop the whole cluster and it is gone; durable \
-remember-entities keys live in DIR/ddata and are not touched).
+Data, not on disk: there is nothing to remove (it is gone once the whole cluster is stopped).
 
-In a replicated cluster (journal_replication_factor > 1) every node holds a replica of these \
-logs: stop the cluster and run the command on every node's data dir before starting it again.";
+In a replicated cluster every node holds a replica of the log: stop the cluster and run the \
+command on every node's data dir before starting it again.";
 
 /// Flags of `tessera sharding remove-internal-data`.
 #[derive(Debug, Args)]

@@ -1,10 +1,11 @@
 //! `tessera sharding remove-internal-data` (Akka's RemoveInternalClusterShardingData): removes
 //! what cluster sharding stored about entity types in a stopped node's data directory, so
-//! that the cluster starts those types afresh (shard homes and remembered entities gone).
+//! that the cluster starts those types afresh (their shard homes gone). Remember-entities data
+//! (`sharding-shard|<type>|<shard>` logs, `shard-<type>-*` keys) is not removed yet.
 //!
-//! With `state_store_mode = persistence` the coordinator of a type keeps its state, including
-//! the remembered entities, as the events and snapshots of the log `sharding-coordinator|<type>`
-//! in the node's journal (`<data_dir>/journal`) and snapshot store (`<data_dir>/snapshots`).
+//! With `state_store_mode = persistence` the coordinator of a type keeps its state as the
+//! events and snapshots of the log `sharding-coordinator|<type>` in the node's journal
+//! (`<data_dir>/journal`) and snapshot store (`<data_dir>/snapshots`).
 //! Both are RocksDB stores that a running node holds locked; opening them while the node runs
 //! fails on the lock, and the command refuses.
 //!
@@ -14,16 +15,19 @@
 //! leave that state pointing at entries that are gone, so such a log is emptied through the
 //! replica rules instead: its tail is marked acknowledged and everything up to its last entry
 //! is deleted. The log keeps its highest sequence number (a journal's never goes down), which
-//! is what every replica of an emptied log agrees on, so a coordinator started later reads an
-//! empty state and writes after it.
+//! is what every replica of an emptied log agrees on. The replicated journal recovers a log
+//! whose first events are deleted only from a snapshot that covers them, so the removal
+//! leaves one snapshot of the empty coordinator state at that highest sequence number: a
+//! coordinator started later reads an empty state and writes after it.
 
-use futures::StreamExt;
+use bytes::Bytes;
 use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_coordinator::store::persistence_id;
-use tessera_journal::{FsyncPolicy, Journal, JournalConfig, QueryMode, RocksJournal, StoredEvent};
+use tessera_journal::{FsyncPolicy, Journal, JournalConfig, Manifest, RocksJournal, StoredEvent};
 use tessera_replication::{LogSummary, Request, Response};
 use tessera_snapshot::{
-    RocksSnapshotStore, SnapshotConfig, SnapshotSelectionCriteria, SnapshotStore,
+    RocksSnapshotStore, SnapshotConfig, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore,
 };
 
 /// Snapshots of one log counted before they are deleted, at most (the coordinator keeps one
@@ -78,59 +82,30 @@ impl LogRemoval {
     }
 }
 
-/// What was removed for one entity type: its coordinator's log and the logs of its shards'
-/// remembered entities (`remember_entities = eventsourced`).
+/// What was removed for one entity type: its coordinator's log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeRemoval {
     pub type_name: String,
     pub coordinator: LogRemoval,
-    /// Remember-entities logs that held something, by persistence id.
-    pub remembered: Vec<(String, LogRemoval)>,
 }
 
 impl TypeRemoval {
-    /// Lines for the operator.
+    /// One line for the operator.
     pub fn describe(&self) -> String {
-        let coordinator = persistence_id(&self.type_name);
-        let mut lines = Vec::new();
-        if self.coordinator.is_empty() && self.remembered.is_empty() {
-            lines.push(format!(
-                "{}: nothing stored (no events or snapshots of {coordinator})",
+        let pid = persistence_id(&self.type_name);
+        let removed = &self.coordinator;
+        if removed.is_empty() {
+            return format!(
+                "{}: nothing stored (no events or snapshots of {pid})",
                 self.type_name
-            ));
-        } else if self.coordinator.is_empty() {
-            lines.push(format!(
-                "{}: nothing stored in {coordinator}",
-                self.type_name
-            ));
-        } else {
-            lines.push(format!(
-                "{}: removed {} event(s) (up to sequence number {}) and {} snapshot(s) of \
-                 {coordinator}",
-                self.type_name,
-                self.coordinator.events,
-                self.coordinator.highest_sequence_nr,
-                self.coordinator.snapshots
-            ));
+            );
         }
-        if !self.remembered.is_empty() {
-            let events: u64 = self.remembered.iter().map(|(_, r)| r.events).sum();
-            let snapshots: usize = self.remembered.iter().map(|(_, r)| r.snapshots).sum();
-            lines.push(format!(
-                "{}: removed {events} event(s) and {snapshots} snapshot(s) of remembered \
-                 entities in {} shard log(s) ({}<shard>)",
-                self.type_name,
-                self.remembered.len(),
-                remembered_prefix(&self.type_name)
-            ));
-        }
-        lines.join("\n")
+        format!(
+            "{}: removed {} event(s) and {} snapshot(s) of {pid}; it now reads as empty \
+             (an empty-state snapshot at its highest sequence number {})",
+            self.type_name, removed.events, removed.snapshots, removed.highest_sequence_nr
+        )
     }
-}
-
-/// The persistence-id prefix of a type's remember-entities logs, `sharding-shard|<type>|`.
-pub fn remembered_prefix(type_name: &str) -> String {
-    format!("sharding-shard|{type_name}|")
 }
 
 /// Whether a RocksDB open failed because another process (or this one) holds the database's
@@ -220,36 +195,15 @@ pub async fn remove_internal_data(
     result.map(|()| removals)
 }
 
-/// Removes the coordinator log of `type_name` and its remember-entities logs from open
-/// stores (either may be absent).
+/// Removes the coordinator log of `type_name` from open stores (either may be absent).
 pub async fn remove_type(
     journal: Option<&RocksJournal>,
     snapshots: Option<&RocksSnapshotStore>,
     type_name: &str,
 ) -> Result<TypeRemoval, RemoveError> {
-    let coordinator = remove_log(journal, snapshots, &persistence_id(type_name)).await?;
-    let mut remembered = Vec::new();
-    if let Some(journal) = journal {
-        let prefix = remembered_prefix(type_name);
-        let mut ids = journal.persistence_ids(QueryMode::Current);
-        let mut logs = Vec::new();
-        while let Some(id) = ids.next().await {
-            let id = id.map_err(|e| journal_error(&prefix, e.to_string()))?;
-            if id.starts_with(&prefix) {
-                logs.push(id);
-            }
-        }
-        for pid in logs {
-            let removal = remove_log(Some(journal), snapshots, &pid).await?;
-            if !removal.is_empty() {
-                remembered.push((pid, removal));
-            }
-        }
-    }
     Ok(TypeRemoval {
         type_name: type_name.to_string(),
-        coordinator,
-        remembered,
+        coordinator: remove_log(journal, snapshots, &persistence_id(type_name)).await?,
     })
 }
 
@@ -264,7 +218,13 @@ async fn remove_log(
         None => (0, 0),
     };
     let snapshots = match snapshots {
-        Some(snapshots) => remove_snapshots(snapshots, pid).await?,
+        Some(snapshots) => {
+            let removed = remove_snapshots(snapshots, pid).await?;
+            if highest_sequence_nr > 0 {
+                save_empty_state(snapshots, pid, highest_sequence_nr).await?;
+            }
+            removed
+        }
         None => 0,
     };
     Ok(LogRemoval {
@@ -369,37 +329,79 @@ async fn expect(
     }
 }
 
-/// Deletes every snapshot of a log; returns how many there were.
+/// Deletes every snapshot of a log; returns how many there were, not counting empty-state
+/// snapshots (those an earlier removal left hold nothing).
 async fn remove_snapshots(snapshots: &RocksSnapshotStore, pid: &str) -> Result<usize, RemoveError> {
-    let error = |e: tessera_snapshot::SnapshotError| RemoveError::Snapshots {
-        persistence_id: pid.to_string(),
-        detail: e.to_string(),
-    };
     let mut count = 0;
     let mut criteria = SnapshotSelectionCriteria::latest();
-    while count < MAX_SNAPSHOTS_COUNTED {
-        let Some(snapshot) = snapshots.load(pid, criteria).await.map_err(error)? else {
+    for _ in 0..MAX_SNAPSHOTS_COUNTED {
+        let Some(snapshot) = snapshots
+            .load(pid, criteria)
+            .await
+            .map_err(|e| snapshot_error(pid, e))?
+        else {
             break;
         };
-        count += 1;
-        let Some(below) = snapshot.metadata.sequence_nr.checked_sub(1) else {
+        let sequence_nr = snapshot.metadata.sequence_nr;
+        if snapshot.payload.as_ref() != EMPTY_STATE {
+            count += 1;
+        }
+        let Some(below) = sequence_nr.checked_sub(1) else {
             break;
         };
         criteria = SnapshotSelectionCriteria::up_to(below);
     }
-    if count > 0 {
-        snapshots
-            .delete_matching(pid, SnapshotSelectionCriteria::latest())
-            .await
-            .map_err(error)?;
-    }
+    snapshots
+        .delete_matching(pid, SnapshotSelectionCriteria::latest())
+        .await
+        .map_err(|e| snapshot_error(pid, e))?;
     Ok(count)
+}
+
+fn snapshot_error(pid: &str, e: tessera_snapshot::SnapshotError) -> RemoveError {
+    RemoveError::Snapshots {
+        persistence_id: pid.to_string(),
+        detail: e.to_string(),
+    }
+}
+
+/// The coordinator's snapshot manifest (`tessera_coordinator::store`'s).
+const STATE_MANIFEST: &str = "sharding.CoordinatorState";
+/// The empty coordinator state as `tessera_coordinator::store` stores it (postcard of its
+/// `StoredState`): version 1, remember_entities false (a coordinator sets its own on load),
+/// no regions, no proxies, no unallocated shards. The coordinator keeps the encoding private;
+/// a test loads this through `JournalStore` so that a change of format fails there.
+const EMPTY_STATE: &[u8] = &[1, 0, 0, 0, 0];
+
+/// Saves the empty state as the log's snapshot at `sequence_nr`: the replicated journal
+/// recovers a log whose events are deleted only from a snapshot covering them.
+async fn save_empty_state(
+    snapshots: &RocksSnapshotStore,
+    pid: &str,
+    sequence_nr: u64,
+) -> Result<(), RemoveError> {
+    let timestamp_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let metadata = SnapshotMetadata {
+        persistence_id: pid.to_string(),
+        sequence_nr,
+        timestamp_ms,
+    };
+    snapshots
+        .save(
+            metadata,
+            Manifest::new(STATE_MANIFEST, 1),
+            Bytes::from_static(EMPTY_STATE),
+        )
+        .await
+        .map_err(|e| snapshot_error(pid, e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
+    use futures::StreamExt;
     use std::sync::Arc;
     use tessera_cluster::{Address, UniqueAddress};
     use tessera_coordinator::ShardId;
@@ -479,7 +481,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn removal_empties_the_coordinator_log_and_snapshots_and_leaves_other_logs() {
+    async fn removal_leaves_the_coordinator_log_empty_and_other_logs_untouched() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (journal, snapshots) = open(dir.path()).await;
         let written = write_coordinator_state(&coordinator_store(&journal, &snapshots)).await;
@@ -507,21 +509,24 @@ mod tests {
                 snapshots: 1
             }
         );
-        assert_eq!(removed[0].remembered.len(), 1);
-        assert!(removed[0].describe().contains("removed 1001 event(s)"));
+        assert!(
+            removed[0]
+                .describe()
+                .contains("removed 1001 event(s) and 1 snapshot(s)")
+        );
         assert!(removed[1].describe().contains("cart: nothing stored"));
 
         let (journal, snapshots) = open(dir.path()).await;
         assert_eq!(replayed(&journal, &pid).await, 0);
-        assert_eq!(replayed(&journal, "sharding-shard|account|17").await, 0);
+        assert_eq!(replayed(&journal, "sharding-shard|account|17").await, 1);
         assert_eq!(replayed(&journal, "account|alice").await, 1, "untouched");
-        assert!(
-            snapshots
-                .load(&pid, SnapshotSelectionCriteria::latest())
-                .await
-                .expect("load")
-                .is_none()
-        );
+        let left = snapshots
+            .load(&pid, SnapshotSelectionCriteria::latest())
+            .await
+            .expect("load")
+            .expect("the empty-state snapshot");
+        assert_eq!(left.metadata.sequence_nr, written);
+        assert_eq!(left.payload.as_ref(), EMPTY_STATE);
         let store = coordinator_store(&journal, &snapshots);
         let state = store.load().await.expect("load after the removal");
         assert!(state.shards().is_empty() && state.regions().is_empty());
@@ -542,6 +547,10 @@ mod tests {
             .await
             .expect("second removal");
         assert_eq!(again[0].coordinator.events, 1);
+        assert_eq!(
+            again[0].coordinator.snapshots, 0,
+            "the empty state is not counted"
+        );
     }
 
     #[tokio::test]
