@@ -17,6 +17,8 @@
 //!   - seen Down, then removed: `removal_margin` after the removal was seen (a crashed node,
 //!     downed; never while it is merely unreachable). Seen Up and unreachable, then removed,
 //!     counts as seen Down: an unreachable Up member cannot leave without being downed;
+//!   - replaced: once removed, at once when a later incarnation at its address is a member (a
+//!     restarted node: the old process no longer holds the address);
 //!   - never seen Down (it left, or the view skipped its Down): additionally
 //!     `hand_over_retry_interval × min_hand_over_retries` after the removal and after its last
 //!     `HandOverInProgress`, because tessera's membership removes an Exiting member once it has
@@ -117,6 +119,9 @@ struct Predecessor {
     /// unreachability prevents. So a removal right after counts as seen Down even when the
     /// view skipped the Down.
     unreachable_while_up: bool,
+    /// A later incarnation at its address is a member: its process is gone (the new one holds
+    /// the address), so nothing of it can still run.
+    replaced: bool,
     /// When this manager first saw it Removed or absent.
     removed_at: Option<Instant>,
     last_in_progress_at: Option<Instant>,
@@ -278,6 +283,11 @@ impl SingletonManager {
         for (node, predecessor) in &mut self.predecessors {
             if !present.contains(node) {
                 predecessor.removed_at.get_or_insert(now);
+            }
+            if view.members.iter().any(|m| {
+                m.unique_address.address == node.address && m.unique_address.uid != node.uid
+            }) {
+                predecessor.replaced = true;
             }
         }
         // A predecessor that is gone and cleared can never block us again.
@@ -464,6 +474,9 @@ pub fn oldest_eligible<'a>(members: &'a [Member], role: Option<&str>) -> Option<
 /// Whether `predecessor` can no longer run an instance (see the module docs).
 fn cleared(settings: &SingletonSettings, predecessor: &Predecessor, now: Instant) -> bool {
     if predecessor.done {
+        return true;
+    }
+    if predecessor.replaced && predecessor.removed_at.is_some() {
         return true;
     }
     let Some(removed_at) = predecessor.removed_at else {
@@ -661,6 +674,38 @@ mod tests {
             new.tick(t1 + Duration::from_secs(3)),
             vec![SingletonEffect::StartInstance]
         );
+    }
+
+    #[test]
+    fn a_restarted_oldest_is_replaced_at_once_without_the_margin() {
+        let settings = SingletonSettings {
+            removal_margin: Duration::from_secs(120),
+            ..SingletonSettings::default()
+        };
+        let t0 = Instant::now();
+        let mut new = SingletonManager::new("s", node(1), settings).expect("valid");
+        new.on_membership(
+            t0,
+            &view(
+                1,
+                vec![
+                    member(0, MemberStatus::Up, 1),
+                    member(1, MemberStatus::Up, 2),
+                ],
+            ),
+        );
+        // Node 0 restarts: its new incarnation joins at the same address, the old one is
+        // removed. The old process no longer holds the address: no margin to wait.
+        let restarted = Member::joining(
+            UniqueAddress::new(node(0).address.clone(), 999),
+            BTreeSet::new(),
+            "1".to_string(),
+        );
+        let effects = new.on_membership(
+            t0,
+            &view(1, vec![member(1, MemberStatus::Up, 2), restarted]),
+        );
+        assert_eq!(effects, vec![SingletonEffect::StartInstance]);
     }
 
     #[test]
