@@ -206,14 +206,12 @@ impl<E: EntityType> EntityHost<E> {
         let mut skipped = Vec::new();
         for id in ids {
             let partition = &self.partitions[partition_of(&id, count)];
-            if let Err(e) = partition.try_send(PartitionInput::Start { id }) {
-                match e {
-                    mpsc::error::TrySendError::Full(PartitionInput::Start { id })
-                    | mpsc::error::TrySendError::Closed(PartitionInput::Start { id }) => {
-                        skipped.push(id);
-                    }
-                    _ => {}
-                }
+            if let Err(
+                mpsc::error::TrySendError::Full(PartitionInput::Start { id })
+                | mpsc::error::TrySendError::Closed(PartitionInput::Start { id }),
+            ) = partition.try_send(PartitionInput::Start { id })
+            {
+                skipped.push(id);
             }
         }
         skipped
