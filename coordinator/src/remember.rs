@@ -361,8 +361,8 @@ impl RememberStore for JournalRememberStore {
                 .map_or(0, |d| d.as_millis() as u64);
             let mut events = Vec::new();
             for change in [
-                (!started.is_empty()).then(|| RememberEvent::Started(started)),
-                (!stopped.is_empty()).then(|| RememberEvent::Stopped(stopped)),
+                (!started.is_empty()).then_some(RememberEvent::Started(started)),
+                (!stopped.is_empty()).then_some(RememberEvent::Stopped(stopped)),
             ]
             .into_iter()
             .flatten()
