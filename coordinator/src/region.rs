@@ -120,6 +120,9 @@ pub struct ShardRegion<M> {
     /// `BeginHandOff` seen: messages wait here until the shard's next home is known.
     handing_off: BTreeSet<ShardId>,
     buffers: BTreeMap<ShardId, VecDeque<M>>,
+    /// Of those, how many came from other regions: at a stopping owner only these must reach
+    /// the old incarnation (this node's own callers' later messages go to the next home).
+    remote_buffered: BTreeMap<ShardId, usize>,
     buffered: usize,
     asked: BTreeMap<ShardId, Instant>,
     /// The last handoff each shard was stopped for: a repeated `HandOff` is answered again
@@ -143,6 +146,7 @@ impl<M> ShardRegion<M> {
             local: BTreeMap::new(),
             handing_off: BTreeSet::new(),
             buffers: BTreeMap::new(),
+            remote_buffered: BTreeMap::new(),
             buffered: 0,
             asked: BTreeMap::new(),
             answered: BTreeMap::new(),
@@ -233,14 +237,14 @@ impl<M> ShardRegion<M> {
             Some(_) => {
                 // Stopping, or running but in handoff for this node's callers. Asking lets a
                 // handoff that was given up end here too: the answer is this region.
-                self.buffer(shard, message, out);
+                self.buffer(shard, message, from_other_region, out);
                 self.ask_home(shard, now, out);
                 return;
             }
             None => {}
         }
         if self.handing_off.contains(&shard) {
-            self.buffer(shard, message, out);
+            self.buffer(shard, message, from_other_region, out);
             self.ask_home(shard, now, out);
             return;
         }
@@ -253,13 +257,19 @@ impl<M> ShardRegion<M> {
                 });
             }
             _ => {
-                self.buffer(shard, message, out);
+                self.buffer(shard, message, from_other_region, out);
                 self.ask_home(shard, now, out);
             }
         }
     }
 
-    fn buffer(&mut self, shard: ShardId, message: M, out: &mut Vec<RegionOutput<M>>) {
+    fn buffer(
+        &mut self,
+        shard: ShardId,
+        message: M,
+        from_other_region: bool,
+        out: &mut Vec<RegionOutput<M>>,
+    ) {
         if self.buffered >= self.settings.buffer_size {
             self.stats.refused += 1;
             out.push(RegionOutput::Refused {
@@ -272,6 +282,14 @@ impl<M> ShardRegion<M> {
         }
         self.buffered += 1;
         self.buffers.entry(shard).or_default().push_back(message);
+        if from_other_region {
+            *self.remote_buffered.entry(shard).or_default() += 1;
+        }
+    }
+
+    /// Whether messages from other regions wait here for `shard`.
+    fn holds_remote(&self, shard: ShardId) -> bool {
+        self.remote_buffered.get(&shard).is_some_and(|n| *n > 0)
     }
 
     fn ask_home(&mut self, shard: ShardId, now: Instant, out: &mut Vec<RegionOutput<M>>) {
@@ -295,6 +313,7 @@ impl<M> ShardRegion<M> {
         let Some(mut queue) = self.buffers.remove(&shard) else {
             return;
         };
+        self.remote_buffered.remove(&shard);
         self.buffered -= queue.len();
         while let Some(message) = queue.pop_front() {
             // Re-routed as if from another region: the buffer holds this node's own messages
@@ -388,7 +407,9 @@ impl<M> ShardRegion<M> {
                             handoff,
                         }));
                     }
-                    None if self.hosts_shards && self.buffers.contains_key(&shard) => {
+                    // Messages of other regions that came before their markers reach the old
+                    // incarnation; this node's own callers' wait for the next home.
+                    None if self.hosts_shards && self.holds_remote(shard) => {
                         self.stats.handoffs += 1;
                         self.local.insert(shard, Hosted::Active);
                         out.push(RegionOutput::StartShard(shard));
@@ -503,8 +524,9 @@ impl<M> ShardRegion<M> {
         };
         self.local.remove(&shard);
         if let Some(handoff) = handoff {
-            if self.buffers.contains_key(&shard) {
-                // Messages reached it while it stopped: a fresh incarnation takes them first.
+            if self.holds_remote(shard) {
+                // Other regions' messages reached it while it stopped: a fresh incarnation
+                // takes them (and whatever else waits) first.
                 self.local.insert(shard, Hosted::Active);
                 out.push(RegionOutput::StartShard(shard));
                 self.stop_for_handoff(shard, handoff, now, &mut out);
@@ -627,5 +649,113 @@ impl<M> ShardRegion<M> {
             self.shutdown = Shutdown::Complete;
             out.push(RegionOutput::ShutdownComplete);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_cluster::{Address, UniqueAddress};
+
+    fn id(port: u16) -> RegionId {
+        UniqueAddress {
+            address: Address::new("10.9.0.1", port),
+            uid: u64::from(port),
+        }
+    }
+
+    fn settings() -> ShardingSettings {
+        ShardingSettings {
+            number_of_shards: 10,
+            ..ShardingSettings::default()
+        }
+    }
+
+    /// The owner stops a shard for a handoff while its own callers keep sending: their
+    /// messages wait for the next home (they came after the owner's own acknowledgement) and
+    /// the stop is answered; only messages of other regions would restart the old incarnation.
+    #[test]
+    fn local_traffic_during_a_stop_waits_for_the_next_home() {
+        let owner = id(1);
+        let other = id(2);
+        let coordinator = id(9);
+        let shard = ShardId(3);
+        let t0 = Instant::now();
+        let mut region: ShardRegion<u64> = ShardRegion::new(settings(), owner.clone(), true);
+        region.membership(
+            RegionView {
+                members: [owner.clone(), other.clone(), coordinator.clone()]
+                    .into_iter()
+                    .collect(),
+                coordinator: Some(coordinator.clone()),
+            },
+            t0,
+        );
+        region.from_coordinator(&coordinator, ToRegion::RegisterAck, t0);
+        region.from_coordinator(&coordinator, ToRegion::HostShard { shard }, t0);
+        let handoff = HandoffId {
+            coordinator_nonce: 7,
+            number: 1,
+        };
+        region.from_coordinator(
+            &coordinator,
+            ToRegion::BeginHandOff {
+                shard,
+                owner: owner.clone(),
+                handoff,
+            },
+            t0,
+        );
+        let out = region.from_coordinator(&coordinator, ToRegion::HandOff { shard, handoff }, t0);
+        assert!(out.contains(&RegionOutput::StopShard(shard)));
+        for seq in 0..5 {
+            region.deliver(Origin::Local, shard, seq, t0);
+        }
+        let out = region.shard_stopped(shard, t0);
+        assert!(
+            out.contains(&RegionOutput::ToCoordinator(ToCoordinator::ShardStopped {
+                shard,
+                handoff
+            })),
+            "{out:?}"
+        );
+        assert!(!out.contains(&RegionOutput::StartShard(shard)));
+        assert_eq!(region.buffered(), 5, "kept for the next home");
+
+        // A message from another region that reached the stopping owner restarts it first.
+        let second = HandoffId {
+            coordinator_nonce: 7,
+            number: 2,
+        };
+        region.from_coordinator(
+            &coordinator,
+            ToRegion::ShardHome {
+                shard,
+                region: owner.clone(),
+            },
+            t0,
+        );
+        region.from_coordinator(
+            &coordinator,
+            ToRegion::BeginHandOff {
+                shard,
+                owner: owner.clone(),
+                handoff: second,
+            },
+            t0,
+        );
+        region.from_coordinator(
+            &coordinator,
+            ToRegion::HandOff {
+                shard,
+                handoff: second,
+            },
+            t0,
+        );
+        region.deliver(Origin::Region(other.clone()), shard, 99, t0);
+        let out = region.shard_stopped(shard, t0);
+        assert!(out.contains(&RegionOutput::StartShard(shard)), "{out:?}");
+        assert!(out.contains(&RegionOutput::DeliverLocal { shard, message: 99 }));
+        assert!(out.contains(&RegionOutput::StopShard(shard)));
     }
 }

@@ -20,7 +20,7 @@ use crate::wire::{self, RegionSnapshot, RemoteAsk, ShardingFrame};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -201,6 +201,12 @@ enum RegionInput {
         result: Result<Vec<u8>, AskFailure>,
     },
     ShardStopped(ShardId),
+    /// The remembered entities of `shard`, read for its incarnation `generation`.
+    Remembered {
+        shard: ShardId,
+        generation: u64,
+        ids: BTreeSet<String>,
+    },
     /// A write of remembered-entity changes finished; failed ones are queued again.
     RememberWritten {
         shard: ShardId,
@@ -327,7 +333,7 @@ impl<T: Transport> Sharding<T> {
                 waiting: HashMap::new(),
                 deadlines: VecDeque::new(),
                 next_reply_id: rand::random(),
-                delivered: HashMap::new(),
+                shard_generations: HashMap::new(),
                 inputs: inputs_tx.clone(),
                 gauges: gauges_tx,
                 shutdown_waiters: Vec::new(),
@@ -704,8 +710,9 @@ struct RegionTask<T: Transport> {
     waiting: HashMap<u64, oneshot::Sender<Result<Vec<u8>, AskFailure>>>,
     deadlines: VecDeque<(Instant, u64)>,
     next_reply_id: u64,
-    /// Entities each local shard delivered to since it started: stopped at its handoff.
-    delivered: HashMap<ShardId, HashSet<String>>,
+    /// Bumped each time a local shard starts or stops: a read of remembered entities started
+    /// for one incarnation of the shard is ignored by any other.
+    shard_generations: HashMap<ShardId, u64>,
     inputs: mpsc::Sender<RegionInput>,
     gauges: watch::Sender<RegionGauges>,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
@@ -866,6 +873,25 @@ impl<T: Transport> RegionTask<T> {
                 let out = self.region.shard_stopped(shard, now);
                 self.outputs(out);
             }
+            RegionInput::Remembered {
+                shard,
+                generation,
+                ids,
+            } => {
+                // Only for the incarnation of the shard that asked: one that stopped since (a
+                // handoff) must not bring its entities back here.
+                let current = self.shard_generations.get(&shard).copied().unwrap_or(0);
+                if current == generation
+                    && self.region.is_active(shard)
+                    && let Some(host) = &self.host
+                    && !ids.is_empty()
+                {
+                    self.counters
+                        .remembered_started
+                        .fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    host.start_entities(ids.into_iter().collect());
+                }
+            }
             RegionInput::RememberWritten { shard, failed } => {
                 self.remember_writing.remove(&shard);
                 if let Some(mut changes) = failed {
@@ -976,30 +1002,43 @@ impl<T: Transport> RegionTask<T> {
         }
     }
 
-    /// Starts the shard's remembered entities (read from the store, retried while it is
-    /// unavailable and the shard still runs here).
-    fn start_remembered(&self, shard: ShardId) {
-        let (Some(store), Some(host)) = (self.remember.clone(), self.host.clone()) else {
+    /// Reads the shard's remembered entities (retried while the store is unavailable) and
+    /// hands them to the region task, which starts them if this incarnation of the shard
+    /// still runs.
+    fn start_remembered(&mut self, shard: ShardId) {
+        let generation = {
+            let g = self.shard_generations.entry(shard).or_default();
+            *g += 1;
+            *g
+        };
+        let Some(store) = self.remember.clone() else {
             return;
         };
-        let counters = self.counters.clone();
+        if self.host.is_none() {
+            return;
+        }
+        let inputs = self.inputs.clone();
         let type_name = self.type_name.clone();
         tokio::spawn(async move {
             for attempt in 0..10u32 {
                 match store.entities(shard).await {
                     Ok(ids) => {
-                        if !ids.is_empty() {
-                            counters
-                                .remembered_started
-                                .fetch_add(ids.len() as u64, Ordering::Relaxed);
-                            host.start_entities(ids.into_iter().collect());
-                        }
+                        let _ = inputs
+                            .send(RegionInput::Remembered {
+                                shard,
+                                generation,
+                                ids,
+                            })
+                            .await;
                         return;
                     }
                     Err(error) => {
                         tracing::debug!(type_name, %shard, attempt, %error, "cannot read the shard's remembered entities");
                         tokio::time::sleep(LOAD_RETRY_INTERVAL * (attempt + 1)).await;
                     }
+                }
+                if inputs.is_closed() {
+                    return;
                 }
             }
             tracing::warn!(type_name, %shard, "the shard's remembered entities could not be read; they start on their next message");
@@ -1090,7 +1129,7 @@ impl<T: Transport> RegionTask<T> {
                         let _ = send_frame(&*self.transport, &to.address, &frame);
                     }
                 },
-                RegionOutput::DeliverLocal { shard, message } => self.deliver_local(shard, message),
+                RegionOutput::DeliverLocal { message, .. } => self.deliver_local(message),
                 RegionOutput::StartShard(shard) => self.start_remembered(shard),
                 RegionOutput::StopShard(shard) => self.stop_shard(shard),
                 RegionOutput::Refused { message, error } => {
@@ -1172,7 +1211,7 @@ impl<T: Transport> RegionTask<T> {
         }
     }
 
-    fn deliver_local(&mut self, shard: ShardId, pending: Pending) {
+    fn deliver_local(&mut self, pending: Pending) {
         let Some(host) = self.host.clone() else {
             let failure = AskFailure::new(
                 FailureKind::Unavailable,
@@ -1182,12 +1221,9 @@ impl<T: Transport> RegionTask<T> {
             self.reply(pending.reply, Err(failure));
             return;
         };
-        // Queued now, in the order the region delivers.
+        // Queued now, in the order the region delivers: a later stop of the shard lists and
+        // stops its entities behind it.
         let answer = host.ask(&pending.entity_id, pending.payload);
-        self.delivered
-            .entry(shard)
-            .or_default()
-            .insert(pending.entity_id);
         match pending.reply {
             ReplyTo::Local(tx) => {
                 tokio::spawn(async move {
@@ -1212,10 +1248,13 @@ impl<T: Transport> RegionTask<T> {
         }
     }
 
-    /// Stops the shard's entities (those it delivered to, and any other live one of the
-    /// shard) after their writes, then reports back to the region.
+    /// Stops the shard's entities after their writes, then reports back to the region. The
+    /// listing goes through the host's per-entity queues behind every command delivered so
+    /// far, so each entity a command was delivered to is live by then and stopped. The shard
+    /// is reported stopped only once they all stopped, however long that takes: reporting it
+    /// earlier would let the coordinator start it elsewhere beside them.
     fn stop_shard(&mut self, shard: ShardId) {
-        let delivered = self.delivered.remove(&shard).unwrap_or_default();
+        *self.shard_generations.entry(shard).or_default() += 1;
         let inputs = self.inputs.clone();
         let Some(host) = self.host.clone() else {
             tokio::spawn(async move {
@@ -1226,31 +1265,28 @@ impl<T: Transport> RegionTask<T> {
         let number_of_shards = self.number_of_shards;
         let timeout = self.handoff_timeout;
         let type_name = self.type_name.clone();
-        // The stop requests are queued behind every command delivered so far, because the
-        // host's stop goes through the same per-entity queues.
-        let first = host.stop_entities(delivered.iter().cloned().collect());
         tokio::spawn(async move {
-            let stopped = async {
-                first.await;
-                let others: Vec<String> = host
-                    .live_entity_ids()
-                    .await
-                    .into_iter()
-                    .filter(|id| {
-                        !delivered.contains(id)
-                            && EntityId::new(id)
-                                .is_ok_and(|e| shard_of(&e, number_of_shards) == shard)
-                    })
-                    .collect();
-                host.stop_entities(others).await;
-            };
-            if tokio::time::timeout(timeout, stopped).await.is_err() {
-                tracing::warn!(
-                    type_name,
-                    %shard,
-                    ?timeout,
-                    "the shard's entities did not stop within the handoff timeout"
-                );
+            let live: Vec<String> = host
+                .live_entity_ids()
+                .await
+                .into_iter()
+                .filter(|id| {
+                    EntityId::new(id).is_ok_and(|e| shard_of(&e, number_of_shards) == shard)
+                })
+                .collect();
+            let stopped = host.stop_entities(live);
+            tokio::pin!(stopped);
+            tokio::select! {
+                _ = &mut stopped => {}
+                _ = tokio::time::sleep(timeout) => {
+                    tracing::warn!(
+                        type_name,
+                        %shard,
+                        ?timeout,
+                        "the shard's entities have not stopped within the handoff timeout; still waiting"
+                    );
+                    stopped.await;
+                }
             }
             let _ = inputs.send(RegionInput::ShardStopped(shard)).await;
         });

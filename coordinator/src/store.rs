@@ -437,6 +437,17 @@ impl CoordinatorStoreFactory for JournalStoreFactory {
 #[derive(Default)]
 pub struct MemoryStore {
     state: std::sync::Mutex<Option<CoordinatorState>>,
+    remember_entities: bool,
+}
+
+impl MemoryStore {
+    /// An empty store whose state has remember-entities on or off.
+    pub fn new(remember_entities: bool) -> Self {
+        MemoryStore {
+            state: std::sync::Mutex::new(None),
+            remember_entities,
+        }
+    }
 }
 
 impl CoordinatorStore for MemoryStore {
@@ -446,7 +457,7 @@ impl CoordinatorStore for MemoryStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .unwrap_or_default();
+            .unwrap_or_else(|| CoordinatorState::new(self.remember_entities));
         Box::pin(futures::future::ready(Ok(state)))
     }
 
