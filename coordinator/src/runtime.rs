@@ -842,6 +842,34 @@ impl<T: Transport> RegionTask<T> {
                 self.outputs(out);
             }
             RegionInput::Forward { from, shard, ask } => {
+                // The sender's shard for this entity must be ours: nodes configured with
+                // different `number_of_shards` would run one entity under two shards.
+                let ours = EntityId::new(&ask.entity_id)
+                    .map(|id| shard_of(&id, self.number_of_shards))
+                    .ok();
+                if ours != Some(shard) {
+                    let failure = AskFailure::new(
+                        FailureKind::BadRequest,
+                        AskOutcome::NotApplied,
+                        format!(
+                            "{} {:?} was sent for shard {shard}, but it belongs to shard {} \
+                             here: do all nodes use the same number_of_shards ({})?",
+                            self.type_name,
+                            ask.entity_id,
+                            ours.map_or_else(|| "none".to_string(), |s| s.to_string()),
+                            self.number_of_shards
+                        ),
+                    );
+                    tracing::warn!(%from, "{}", failure.message);
+                    self.reply(
+                        ReplyTo::Remote {
+                            to: ask.reply_to,
+                            reply_id: ask.reply_id,
+                        },
+                        Err(failure),
+                    );
+                    return;
+                }
                 let pending = Pending {
                     entity_id: ask.entity_id,
                     payload: ask.payload,

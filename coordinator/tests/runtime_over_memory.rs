@@ -112,6 +112,16 @@ fn start_node(
     world: &Arc<World>,
     store: &Arc<MemoryStore>,
 ) -> TestNode {
+    start_node_with(network, i, world, store, sharding_settings())
+}
+
+fn start_node_with(
+    network: &Arc<MemoryNetwork>,
+    i: usize,
+    world: &Arc<World>,
+    store: &Arc<MemoryStore>,
+    settings: ShardingSettings,
+) -> TestNode {
     let transport = network
         .bind(u64::try_from(i).expect("small") + 700, address(i))
         .expect("bind");
@@ -135,7 +145,7 @@ fn start_node(
         vec![ShardedType {
             type_name: "counter".into(),
             host: Some(host),
-            settings: sharding_settings(),
+            settings,
             role: None,
             store: store.clone() as Arc<dyn CoordinatorStore>,
             remember: None,
@@ -320,5 +330,41 @@ async fn a_joining_node_receives_shards_and_a_leaving_one_hands_them_off() {
         *want += 1;
         assert_eq!(count, *want, "{entity}");
     }
+    assert!(world.double_activations.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn nodes_with_different_numbers_of_shards_refuse_the_mismatch() {
+    let world = Arc::new(World::default());
+    let store = Arc::new(MemoryStore::default());
+    let network = MemoryNetwork::new(9);
+    let first = start_node(&network, 0, &world, &store);
+    wait_until("first up", Duration::from_secs(30), || all_up(&[&first], 1)).await;
+    let mut other = sharding_settings();
+    other.number_of_shards = 31;
+    let second = start_node_with(&network, 1, &world, &store, other);
+    wait_until("both up", Duration::from_secs(30), || {
+        all_up(&[&first, &second], 2)
+    })
+    .await;
+    wait_until("registered", Duration::from_secs(30), || {
+        first.sharding.all_registered() && second.sharding.all_registered()
+    })
+    .await;
+    // Every entity of node 0's shards asked through node 1: a forward to node 0 for a shard
+    // that node 0 computes differently is refused, naming the setting.
+    let mut refused = 0;
+    for e in 0..40 {
+        if let Err(failure) = inc(&second, &format!("e{e}")).await
+            && failure.message.contains("number_of_shards")
+        {
+            assert_eq!(
+                failure.outcome,
+                tessera_coordinator::host::AskOutcome::NotApplied
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "no mismatch was refused");
     assert!(world.double_activations.lock().unwrap().is_empty());
 }
