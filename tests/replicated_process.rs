@@ -12,47 +12,18 @@
 mod common;
 
 use common::deposits::{Tally, balance, balances, check_bounds, command, count, workload};
-use common::{SECRET, exe, free_port, test_dir, wait_views};
+use common::{all_seeds_args, exe, free_port, kill, test_dir, wait_up};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tessera::demo::{self, NodeProcess};
 
-const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The arguments of node `i` of a cluster whose nodes are all seeds (a restarted first seed
-/// joins the others instead of starting a cluster of its own).
-fn args(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> Vec<String> {
-    let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let mut args: Vec<String> = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &ports[i].to_string(),
-        "--http-port",
-        "0",
-        "--seed",
-        &seeds.join(","),
-        "--data-dir",
-        &dir.join(format!("n{i}")).display().to_string(),
-        "--cluster-secret",
-        SECRET,
-        "--entity-ask-timeout",
-        "5s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
-}
-
 async fn spawn(i: usize, run: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> NodeProcess {
     demo::spawn_node(
         exe(),
         i + 1,
-        &args(i, ports, dir, extra),
+        &all_seeds_args(i, ports, dir, extra),
         dir.join(format!("n{i}-run{run}.log")),
     )
     .await
@@ -68,21 +39,6 @@ async fn three_nodes(dir: &Path, extra: &[&str]) -> (Vec<u16>, Vec<NodeProcess>)
     }
     wait_up(&nodes.iter().collect::<Vec<_>>(), 3).await;
     (ports, nodes)
-}
-
-async fn wait_up(nodes: &[&NodeProcess], count: usize) {
-    wait_views(nodes, "members up on every node", |views| {
-        views.iter().all(|v| {
-            v.as_ref()
-                .is_some_and(|(m, _)| m.iter().filter(|(_, s, r)| s == "up" && *r).count() == count)
-        })
-    })
-    .await;
-}
-
-async fn kill(node: &mut NodeProcess) {
-    node.child.start_kill().expect("SIGKILL");
-    let _ = tokio::time::timeout(EXIT_TIMEOUT, node.child.wait()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@
 mod common;
 
 use common::deposits::{self, Answer, Tally, check_bounds};
-use common::{SECRET, exe, free_port, test_dir, wait_views};
+use common::{exe, free_port, kill, test_dir, wait_up, wait_views};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -23,33 +23,13 @@ use tessera::http_client;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Failure detection, downing and rebalancing in seconds, so that the tests stay short.
+const QUICK: [&str; 4] = ["--stable-after", "2s", "--rebalance-interval", "2s"];
+
 fn args(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> Vec<String> {
-    let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let mut args: Vec<String> = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &ports[i].to_string(),
-        "--http-port",
-        "0",
-        "--seed",
-        &seeds.join(","),
-        "--data-dir",
-        &dir.join(format!("n{i}")).display().to_string(),
-        "--cluster-secret",
-        SECRET,
-        "--entity-ask-timeout",
-        "5s",
-        "--stable-after",
-        "2s",
-        "--rebalance-interval",
-        "2s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
+    let mut all = QUICK.to_vec();
+    all.extend_from_slice(extra);
+    common::all_seeds_args(i, ports, dir, &all)
 }
 
 async fn spawn(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> NodeProcess {
@@ -61,16 +41,6 @@ async fn spawn(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> NodeProce
     )
     .await
     .expect("node starts")
-}
-
-async fn wait_up(nodes: &[&NodeProcess], count: usize) {
-    wait_views(nodes, "members up on every node", |views| {
-        views.iter().all(|v| {
-            v.as_ref()
-                .is_some_and(|(m, _)| m.iter().filter(|(_, s, r)| s == "up" && *r).count() == count)
-        })
-    })
-    .await;
 }
 
 /// Waits until every node says it is ready (its regions registered with the coordinator).
@@ -143,11 +113,6 @@ async fn check_single_homes(nodes: &[&NodeProcess], tallies: &BTreeMap<String, T
         assert_eq!(on.len(), 1, "{account} runs on nodes {on:?}");
     }
     println!("{} accounts live, each on one node", homes.len());
-}
-
-async fn kill(node: &mut NodeProcess) {
-    node.child.start_kill().expect("SIGKILL");
-    let _ = tokio::time::timeout(EXIT_TIMEOUT, node.child.wait()).await;
 }
 
 /// When `gone` is no longer a member in the views of `survivors`.
@@ -294,13 +259,7 @@ async fn a_joining_node_receives_shards_while_every_deposit_succeeds() {
         receiving.as_secs_f64()
     );
     let (tallies, answers) = load.await.expect("workload");
-    let failed: Vec<&Answer> = answers.iter().filter(|a| a.status != 200).collect();
-    assert!(
-        failed.is_empty(),
-        "{} deposits failed, e.g. {:?}",
-        failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    deposits::assert_all_ok(&answers);
     let balances = deposits::balances(nodes[0].http, &tallies).await;
     check_bounds(&tallies, &balances);
     // Per round at most min(20, 10 % of the shards) moved: with at most as many rounds as
@@ -373,13 +332,7 @@ async fn a_node_stopped_with_sigterm_hands_off_its_shards_and_fails_no_request()
         .expect("status");
     assert_eq!(status.code(), Some(0), "node 2 exits 0");
     let (tallies, answers) = load.await.expect("workload");
-    let failed: Vec<&Answer> = answers.iter().filter(|a| a.status != 200).collect();
-    assert!(
-        failed.is_empty(),
-        "{} deposits failed, e.g. {:?}",
-        failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    deposits::assert_all_ok(&answers);
     let balances = deposits::balances(nodes[0].http, &tallies).await;
     check_bounds(&tallies, &balances);
     let served: BTreeSet<String> = hosted(&nodes[0])

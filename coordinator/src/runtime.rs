@@ -1334,20 +1334,19 @@ struct CoordinatorTask<T: Transport> {
 }
 
 fn coordinator_view(snapshot: &ClusterSnapshot) -> MembershipView {
-    let live: Vec<_> = snapshot
-        .members
-        .iter()
-        .filter(|m| m.status != MemberStatus::Removed)
-        .collect();
-    MembershipView {
-        members: live.iter().map(|m| m.unique_address.clone()).collect(),
-        up: live
+    let live = || {
+        snapshot
+            .members
             .iter()
+            .filter(|m| m.status != MemberStatus::Removed)
+    };
+    MembershipView {
+        members: live_members(snapshot),
+        up: live()
             .filter(|m| m.status == MemberStatus::Up)
             .map(|m| m.unique_address.clone())
             .collect(),
-        stable: snapshot.unreachable.is_empty()
-            && live.iter().all(|m| m.status == MemberStatus::Up),
+        stable: snapshot.unreachable.is_empty() && live().all(|m| m.status == MemberStatus::Up),
     }
 }
 

@@ -197,3 +197,14 @@ pub async fn balances(
     }
     balances
 }
+
+/// Asserts that every answer was 200, showing a few of the others.
+pub fn assert_all_ok(answers: &[Answer]) {
+    let failed: Vec<&Answer> = answers.iter().filter(|a| a.status != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} deposits failed, e.g. {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+}

@@ -100,3 +100,47 @@ pub async fn metric(http: SocketAddr, series: &str) -> u64 {
         })
         .unwrap_or_else(|| panic!("series {series} missing from /metrics:\n{body}"))
 }
+
+/// The arguments of node `i` of a cluster whose nodes are all seeds (a restarted first seed
+/// joins the others instead of starting a cluster of its own), with a 5-s entity ask timeout.
+pub fn all_seeds_args(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> Vec<String> {
+    let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut args: Vec<String> = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &ports[i].to_string(),
+        "--http-port",
+        "0",
+        "--seed",
+        &seeds.join(","),
+        "--data-dir",
+        &dir.join(format!("n{i}")).display().to_string(),
+        "--cluster-secret",
+        SECRET,
+        "--entity-ask-timeout",
+        "5s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Waits until every node sees `count` members Up and reachable.
+pub async fn wait_up(nodes: &[&NodeProcess], count: usize) {
+    wait_views(nodes, "members up on every node", |views| {
+        views.iter().all(|v| {
+            v.as_ref()
+                .is_some_and(|(m, _)| m.iter().filter(|(_, s, r)| s == "up" && *r).count() == count)
+        })
+    })
+    .await;
+}
+
+/// SIGKILLs a node and waits (bounded) for it to exit.
+pub async fn kill(node: &mut NodeProcess) {
+    node.child.start_kill().expect("SIGKILL");
+    let _ = tokio::time::timeout(Duration::from_secs(60), node.child.wait()).await;
+}
