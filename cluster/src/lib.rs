@@ -5,6 +5,7 @@
 //! tokio layer that owns sockets and timers and drives them.
 
 pub mod address;
+pub mod bootstrap;
 pub mod codec;
 pub mod core;
 pub mod events;

@@ -105,6 +105,31 @@ impl Endpoint {
     }
 
     /// Counts a send dropped because the lane queue was full.
+    pub(crate) fn queue_bytes_full(&self, to: &Address, lane: Lane, max_bytes: usize) -> SendError {
+        TransportMetrics::incr(&self.metrics.send_dropped_queue_full);
+        SendError::QueueBytesFull {
+            to: to.clone(),
+            lane,
+            max_bytes,
+        }
+    }
+
+    pub(crate) fn too_many_peers(&self, to: &Address, max_peers: usize) -> SendError {
+        TransportMetrics::incr(&self.metrics.send_dropped_too_many_peers);
+        SendError::TooManyPeers {
+            to: to.clone(),
+            max_peers,
+        }
+    }
+
+    /// Records how many peers have outbound queues now.
+    pub(crate) fn set_peers(&self, peers: usize) {
+        self.metrics.peers.store(
+            u64::try_from(peers).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     pub(crate) fn queue_full(&self, to: &Address, lane: Lane, capacity: usize) -> SendError {
         TransportMetrics::incr(&self.metrics.send_dropped_queue_full);
         SendError::QueueFull {

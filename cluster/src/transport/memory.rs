@@ -227,12 +227,13 @@ impl Outbound for MemoryTransport {
             LinkDecision::Deliver { delay } if delay.is_zero() => None,
             LinkDecision::Deliver { delay } => Some(Instant::now() + delay),
         };
+        let size_bytes = payload.len();
         let queued = Queued {
             payload,
             deliver_at,
         };
         self.links
-            .try_send(&self.endpoint, to, lane, queued, |queues| {
+            .try_send(&self.endpoint, to, lane, queued, size_bytes, |queues| {
                 if let Some(me) = self.me.upgrade() {
                     self.runtime.spawn(me.run_link(to.clone(), queues));
                 }

@@ -38,8 +38,13 @@ counters! {
     bytes_in,
     /// Frame payload bytes written (without the 4-byte length prefix).
     bytes_out,
-    /// Messages dropped by `send`/`request` because the peer's outbound lane queue was full.
+    /// Messages dropped by `send`/`request` because the peer's outbound lane queue was full (in
+    /// messages or in bytes).
     send_dropped_queue_full,
+    /// Messages dropped because they were for a new peer while `max_peers` peers had queues.
+    send_dropped_too_many_peers,
+    /// Peers with outbound queues now (a gauge): members, and addresses sent to recently.
+    peers,
     /// Inbound messages dropped because the registered service's queue was full.
     inbound_dropped_queue_full,
     /// Inbound messages for a service nobody registered.

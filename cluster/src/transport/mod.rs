@@ -280,6 +280,20 @@ pub enum SendError {
         lane: Lane,
         capacity: usize,
     },
+    #[error(
+        "outbound {lane:?} queue to {to} holds too many bytes (limit {max_bytes}); message dropped"
+    )]
+    QueueBytesFull {
+        to: Address,
+        lane: Lane,
+        max_bytes: usize,
+    },
+    #[error(
+        "{to} would be peer number {} with outbound queues (max_peers = {max_peers}); message \
+         dropped",
+        max_peers + 1
+    )]
+    TooManyPeers { to: Address, max_peers: usize },
     #[error("frame of {size_bytes} bytes exceeds max_frame_size_bytes={max_frame_size_bytes}")]
     FrameTooLarge {
         size_bytes: usize,
@@ -383,6 +397,18 @@ pub struct TransportConfig {
     /// it bounds the burst of quorum operations a node can start at once; a full queue drops
     /// the message like the other lanes, and the operation times out.
     pub quorum_queue_capacity: usize,
+    /// Payload bytes the control lane of one peer may hold (beyond it a message is dropped
+    /// like on a full queue; an empty lane takes any frame).
+    pub control_queue_bytes: usize,
+    /// Payload bytes the quorum lane of one peer may hold.
+    pub quorum_queue_bytes: usize,
+    /// Payload bytes the bulk lane of one peer may hold.
+    pub bulk_queue_bytes: usize,
+    /// Peers with outbound queues at once; a send to one more is dropped (`TooManyPeers`).
+    pub max_peers: usize,
+    /// A peer nothing was sent to for this long has its queues and writer task dropped (they
+    /// come back with the next send), so addresses that stopped being members cost nothing.
+    pub idle_peer_timeout: Duration,
     pub connect_timeout: Duration,
     /// First wait after a failed connection attempt; doubles up to `reconnect_backoff_max`.
     pub reconnect_backoff_min: Duration,
@@ -405,6 +431,13 @@ impl Default for TransportConfig {
             control_queue_capacity: 1024,
             bulk_queue_capacity: 4096,
             quorum_queue_capacity: 4096,
+            control_queue_bytes: 8 * 1024 * 1024,
+            quorum_queue_bytes: 64 * 1024 * 1024,
+            bulk_queue_bytes: 64 * 1024 * 1024,
+            max_peers: 1024,
+            // Members hear from this node every heartbeat interval, so only addresses that
+            // left (or were never members) reach it.
+            idle_peer_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
             reconnect_backoff_min: Duration::from_millis(100),
             reconnect_backoff_max: Duration::from_secs(5),
@@ -429,6 +462,11 @@ impl std::fmt::Debug for TransportConfig {
             .field("control_queue_capacity", &self.control_queue_capacity)
             .field("bulk_queue_capacity", &self.bulk_queue_capacity)
             .field("quorum_queue_capacity", &self.quorum_queue_capacity)
+            .field("control_queue_bytes", &self.control_queue_bytes)
+            .field("quorum_queue_bytes", &self.quorum_queue_bytes)
+            .field("bulk_queue_bytes", &self.bulk_queue_bytes)
+            .field("max_peers", &self.max_peers)
+            .field("idle_peer_timeout", &self.idle_peer_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_backoff_min", &self.reconnect_backoff_min)
             .field("reconnect_backoff_max", &self.reconnect_backoff_max)
@@ -467,6 +505,10 @@ impl TransportConfig {
             ("control_queue_capacity", self.control_queue_capacity),
             ("bulk_queue_capacity", self.bulk_queue_capacity),
             ("quorum_queue_capacity", self.quorum_queue_capacity),
+            ("control_queue_bytes", self.control_queue_bytes),
+            ("quorum_queue_bytes", self.quorum_queue_bytes),
+            ("bulk_queue_bytes", self.bulk_queue_bytes),
+            ("max_peers", self.max_peers),
             ("max_inbound_connections", self.max_inbound_connections),
             ("max_pending_requests", self.max_pending_requests),
         ] {
@@ -486,6 +528,7 @@ impl TransportConfig {
         for (field, value) in [
             ("connect_timeout", self.connect_timeout),
             ("handshake_timeout", self.handshake_timeout),
+            ("idle_peer_timeout", self.idle_peer_timeout),
         ] {
             if value.is_zero() {
                 return Err(bad(field, format!("{value:?}"), "expected > 0"));

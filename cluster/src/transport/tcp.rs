@@ -251,9 +251,28 @@ impl TcpTransport {
     async fn run_writer(self: Arc<Self>, peer: Address, mut queues: LaneReceivers<Bytes>) {
         let shutdown = self.endpoint.shutdown.clone();
         let mut backoff = self.config.reconnect_backoff_min;
+        // When it fires and nothing was sent to the peer for `idle_peer_timeout`, its queues
+        // are dropped and this task ends; otherwise it is set for when that could be.
+        let idle = tokio::time::sleep(self.config.idle_peer_timeout);
+        tokio::pin!(idle);
+        macro_rules! on_idle {
+            () => {
+                match self
+                    .peers
+                    .remove_if_idle(&self.endpoint, &peer, self.config.idle_peer_timeout)
+                {
+                    None => {
+                        debug!(local = %self.endpoint.local(), %peer, "idle peer forgotten");
+                        return;
+                    }
+                    Some(left) => idle.as_mut().reset(tokio::time::Instant::now() + left),
+                }
+            };
+        }
         loop {
             let attempt = tokio::select! {
                 _ = shutdown.cancelled() => return,
+                _ = &mut idle => { on_idle!(); continue; }
                 attempt = self.connect(&peer) => attempt,
             };
             let mut connection = match attempt {
@@ -270,6 +289,7 @@ impl TcpTransport {
                     }
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
+                        _ = &mut idle => on_idle!(),
                         _ = tokio::time::sleep(backoff) => {}
                     }
                     backoff = (backoff * 2).min(self.config.reconnect_backoff_max);
@@ -293,6 +313,7 @@ impl TcpTransport {
                         Some(Err(e)) => e.into(),
                         Some(Ok(_)) => FrameError::OutOfPlace { kind: "inbound data" }.into(),
                     },
+                    _ = &mut idle => on_idle!(),
                 }
             };
             debug!(local = %self.endpoint.local(), %peer, error = %ended, "outbound connection lost; reconnecting");
@@ -328,8 +349,9 @@ impl TcpTransport {
 impl Outbound for TcpTransport {
     fn enqueue(&self, to: &Address, lane: Lane, frame: &Frame) -> Result<(), SendError> {
         let payload = self.endpoint.encode(frame)?;
+        let size_bytes = payload.len();
         self.peers
-            .try_send(&self.endpoint, to, lane, payload, |queues| {
+            .try_send(&self.endpoint, to, lane, payload, size_bytes, |queues| {
                 if let Some(me) = self.me.upgrade() {
                     self.runtime.spawn(me.run_writer(to.clone(), queues));
                 }

@@ -71,7 +71,7 @@ fn n(i: u32) -> Bytes {
     Bytes::copy_from_slice(&i.to_be_bytes())
 }
 
-fn text(s: &'static str) -> Bytes {
+pub(super) fn text(s: &'static str) -> Bytes {
     Bytes::from_static(s.as_bytes())
 }
 

@@ -1,11 +1,11 @@
 //! The suite over TCP on 127.0.0.1 (port 0 only), plus what only a socket can get wrong:
 //! garbage, oversize frames, wrong secrets, silent connections.
 
-use super::{Harness, WAIT, eventually, recv, test_config, transport_suite};
+use super::{Harness, WAIT, eventually, recv, test_config, text, transport_suite};
 use crate::address::{Address, UniqueAddress};
 use crate::transport::frame::{self, FrameCodec, HANDSHAKE_MAX_FRAME_BYTES};
 use crate::transport::handshake::{Connector, SecretKey};
-use crate::transport::{Lane, TcpTransport, Transport, TransportConfig};
+use crate::transport::{Lane, SendError, TcpTransport, Transport, TransportConfig};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use rand::rngs::SmallRng;
@@ -233,4 +233,92 @@ async fn invalid_config_names_the_field() {
         err.to_string(),
         "invalid transport config: quorum_queue_capacity=0 (expected at least 1)"
     );
+}
+
+/// Addresses nothing is sent to any more (members that left, addresses that never were
+/// members) lose their queues and writer task after `idle_peer_timeout`; the next send to
+/// one brings them back. Beyond `max_peers` peers a send to a new address is refused, typed
+/// and counted, and the others keep working.
+#[tokio::test]
+async fn idle_peers_are_forgotten_and_the_number_of_peers_is_bounded() {
+    let config = TransportConfig {
+        idle_peer_timeout: Duration::from_millis(300),
+        max_peers: 2,
+        ..test_config()
+    };
+    let a = TcpHarness.node(1, config).await;
+    let b = TcpHarness.node(2, test_config()).await;
+    let mut inbox = b.register(SERVICE, 16).unwrap();
+    // One live peer and one address where nothing listens.
+    let nowhere = Address::new("127.0.0.1", free_port());
+    a.send(&b.local().address, SERVICE, Lane::Bulk, text("hello"))
+        .unwrap();
+    recv(&mut inbox).await;
+    a.send(&nowhere, SERVICE, Lane::Bulk, text("lost")).unwrap();
+    assert_eq!(a.metrics().snapshot().peers, 2);
+    let third = Address::new("127.0.0.1", 1);
+    let refused = a.send(&third, SERVICE, Lane::Bulk, text("too many"));
+    assert!(
+        matches!(&refused, Err(SendError::TooManyPeers { max_peers: 2, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(a.metrics().snapshot().send_dropped_too_many_peers, 1);
+    // Both go quiet: both are forgotten, the unreachable one with its queued message.
+    eventually("idle peers forgotten", || a.metrics().snapshot().peers == 0).await;
+    // And come back on the next send.
+    a.send(&b.local().address, SERVICE, Lane::Bulk, text("again"))
+        .unwrap();
+    assert_eq!(&recv(&mut inbox).await.payload[..], b"again");
+    assert_eq!(a.metrics().snapshot().peers, 1);
+}
+
+/// A peer that does not take its frames cannot make the sender hold more than a lane's byte
+/// budget: beyond it messages are dropped with a typed error, as on a full queue.
+#[tokio::test]
+async fn an_unreachable_peer_holds_at_most_the_byte_budget() {
+    let config = TransportConfig {
+        bulk_queue_bytes: 10_000,
+        ..test_config()
+    };
+    let a = TcpHarness.node(1, config).await;
+    let nowhere = Address::new("127.0.0.1", free_port());
+    let chunk = Bytes::from(vec![7u8; 3_000]);
+    let mut sent = 0;
+    let mut refused = None;
+    for _ in 0..10 {
+        match a.send(&nowhere, SERVICE, Lane::Bulk, chunk.clone()) {
+            Ok(()) => sent += 1,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(
+        sent <= 4,
+        "{sent} chunks of 3,000 bytes queued under a 10,000-byte budget"
+    );
+    assert!(
+        matches!(
+            refused,
+            Some(SendError::QueueBytesFull {
+                max_bytes: 10_000,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    // The control lane has its own budget: heartbeats still get through to a live peer.
+    assert!(
+        a.send(&nowhere, SERVICE, Lane::Control, text("ping"))
+            .is_ok()
+    );
+}
+
+/// A port nothing listens on a moment after.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
 }
