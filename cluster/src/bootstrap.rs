@@ -47,8 +47,17 @@ impl fmt::Display for ContactPoint {
 impl FromStr for ContactPoint {
     type Err = crate::AddressParseError;
 
+    /// `host:port` with the rules of a cluster [`Address`] (IPv6 hosts in brackets, kept as
+    /// written), and a port that is not 0.
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        Address::from_str(input).map(ContactPoint)
+        let address = Address::from_str(input)?;
+        if address.port == 0 {
+            return Err(crate::AddressParseError {
+                input: input.to_string(),
+                reason: "port 0 is no HTTP port",
+            });
+        }
+        Ok(ContactPoint(address))
     }
 }
 
@@ -61,6 +70,10 @@ pub struct BootstrapSettings {
     pub stable_margin: Duration,
     /// Whether this node may form a new cluster at all (false: only join existing ones).
     pub form_new_cluster: bool,
+    /// How old (since its probe was sent) an answer may be and still count: about one probe
+    /// round. An older "no seed nodes" may predate that node joining a cluster, and forming
+    /// on it would start a second one.
+    pub answer_max_age: Duration,
 }
 
 impl Default for BootstrapSettings {
@@ -70,6 +83,7 @@ impl Default for BootstrapSettings {
             required_contact_points: 2,
             stable_margin: Duration::from_secs(5),
             form_new_cluster: true,
+            answer_max_age: Duration::from_secs(2),
         }
     }
 }
@@ -82,6 +96,12 @@ pub struct ProbeAnswer {
     /// The members it offers to join through (its Up and WeaklyUp members), empty while it is
     /// not a member of a cluster itself.
     pub seed_nodes: Vec<Address>,
+    /// While it is not a member yet: the seed nodes it is joining through, as members offered
+    /// them to it first-hand within `answer_max_age` ([`BootstrapState::first_hand_seeds`]).
+    /// Between deciding to join and being let in, a node would otherwise answer "no cluster"
+    /// and let another node form a second one. Only first-hand seeds are passed on, and they
+    /// expire, so a dead cluster's seeds cannot circulate among joining nodes for ever.
+    pub joining_via: Vec<Address>,
 }
 
 /// Why a node is not joining anything yet.
@@ -99,6 +119,10 @@ pub enum WaitReason {
     SelfNotDiscovered,
     /// `form_new_cluster` is off and no contact point offers seed nodes.
     FormingDisabled,
+    /// The only seed node offered is this node's own address: an earlier incarnation of it is
+    /// still a member somewhere. A cluster exists, so this node must not form one; it waits
+    /// for a contact point to offer another member.
+    OnlySelfOffered,
     /// Another node has the lowest address; it forms the cluster and this node joins it.
     LowerNodeForms { lowest: Address },
 }
@@ -129,6 +153,10 @@ impl fmt::Display for WaitReason {
             WaitReason::FormingDisabled => f.write_str(
                 "no contact point offers seed nodes and form_new_cluster is off: waiting for a \
                  cluster to join",
+            ),
+            WaitReason::OnlySelfOffered => f.write_str(
+                "a cluster lists this node's own address (an earlier incarnation) as its only \
+                 seed node; waiting for another member to be offered",
             ),
             WaitReason::LowerNodeForms { lowest } => {
                 write!(
@@ -188,11 +216,23 @@ impl BootstrapState {
         self.changed_at = Some(now);
     }
 
-    /// Records a probe's answer. Only discovered contact points count.
-    pub fn on_probe_answer(&mut self, now: Duration, point: &ContactPoint, answer: ProbeAnswer) {
+    /// Records the answer to a probe sent at `sent_at` (the send time, not the arrival: an
+    /// answer says what the node saw when it was asked, at the latest). Only discovered
+    /// contact points count.
+    pub fn on_probe_answer(
+        &mut self,
+        sent_at: Duration,
+        point: &ContactPoint,
+        answer: ProbeAnswer,
+    ) {
         if self.discovered.contains(point) {
-            self.answers
-                .insert(point.clone(), Answered { at: now, answer });
+            self.answers.insert(
+                point.clone(),
+                Answered {
+                    at: sent_at,
+                    answer,
+                },
+            );
         }
     }
 
@@ -202,6 +242,25 @@ impl BootstrapState {
         self.answers.remove(point);
     }
 
+    /// The seed nodes members offered in answers still fresh at `now` (not the ones other
+    /// joining nodes passed on), without this node: what it tells its own probers it is
+    /// joining through ([`ProbeAnswer::joining_via`]).
+    pub fn first_hand_seeds(
+        &self,
+        settings: &BootstrapSettings,
+        now: Duration,
+        self_address: &Address,
+    ) -> Vec<Address> {
+        let seeds: BTreeSet<&Address> = self
+            .answers
+            .values()
+            .filter(|a| now.saturating_sub(a.at) <= settings.answer_max_age)
+            .flat_map(|a| a.answer.seed_nodes.iter())
+            .filter(|seed| *seed != self_address)
+            .collect();
+        seeds.into_iter().cloned().collect()
+    }
+
     /// The decision for the node at `self_address` at `now`.
     pub fn decide(
         &self,
@@ -209,18 +268,24 @@ impl BootstrapState {
         now: Duration,
         self_address: &Address,
     ) -> Decision {
-        // An answer counts while it is younger than the stable margin: a contact point that
-        // stopped answering must not be counted as agreeing forever.
-        let fresh = |a: &Answered| now.saturating_sub(a.at) <= settings.stable_margin;
-        let seeds: BTreeSet<Address> = self
+        let fresh = |a: &Answered| now.saturating_sub(a.at) <= settings.answer_max_age;
+        // Any seed node offered means a cluster exists: join it, never form another.
+        let offered: BTreeSet<&Address> = self
             .answers
             .values()
             .filter(|a| fresh(a))
-            .flat_map(|a| a.answer.seed_nodes.iter().cloned())
-            .filter(|seed| seed != self_address)
+            .flat_map(|a| a.answer.seed_nodes.iter().chain(&a.answer.joining_via))
             .collect();
-        if !seeds.is_empty() {
-            return Decision::JoinSeeds(seeds.into_iter().collect());
+        if !offered.is_empty() {
+            let seeds: Vec<Address> = offered
+                .into_iter()
+                .filter(|seed| *seed != self_address)
+                .cloned()
+                .collect();
+            if seeds.is_empty() {
+                return Decision::Wait(WaitReason::OnlySelfOffered);
+            }
+            return Decision::JoinSeeds(seeds);
         }
         let Some(changed_at) = self.changed_at else {
             return Decision::Wait(WaitReason::NotEnoughContactPoints {
@@ -272,16 +337,12 @@ impl BootstrapState {
         if !settings.form_new_cluster {
             return Decision::Wait(WaitReason::FormingDisabled);
         }
-        let lowest = nodes
-            .iter()
-            .next()
-            .copied()
-            .cloned()
-            .unwrap_or_else(|| self_address.clone());
-        if &lowest == self_address {
-            Decision::JoinSelf
-        } else {
-            Decision::Wait(WaitReason::LowerNodeForms { lowest })
+        // `nodes` holds this node (checked above), so it has a first element.
+        match nodes.first() {
+            Some(&lowest) if lowest != self_address => Decision::Wait(WaitReason::LowerNodeForms {
+                lowest: lowest.clone(),
+            }),
+            _ => Decision::JoinSelf,
         }
     }
 }
@@ -302,6 +363,7 @@ mod tests {
         ProbeAnswer {
             self_node: node(port),
             seed_nodes: seeds.iter().map(|p| node(*p)).collect(),
+            joining_via: Vec::new(),
         }
     }
 
@@ -310,6 +372,7 @@ mod tests {
             required_contact_points: required,
             stable_margin: Duration::from_secs(5),
             form_new_cluster: true,
+            answer_max_age: Duration::from_secs(2),
         }
     }
 
@@ -414,7 +477,7 @@ mod tests {
                 missing: vec![point(3)]
             })
         );
-        // An answer older than the stable margin no longer counts either.
+        // An answer older than answer_max_age no longer counts either.
         let state = three_answered(secs(5));
         assert!(matches!(
             state.decide(&settings(2), secs(11), &node(1)),
@@ -448,10 +511,10 @@ mod tests {
         let mut state = BootstrapState::new();
         state.on_discovery(secs(0), (1..=2).map(point).collect());
         state.on_probe_answer(secs(0), &point(2), answer(2, &[1]));
-        assert!(matches!(
+        assert_eq!(
             state.decide(&settings(2), secs(0), &node(1)),
-            Decision::Wait(_)
-        ));
+            Decision::Wait(WaitReason::OnlySelfOffered)
+        );
     }
 
     #[test]
@@ -485,5 +548,42 @@ mod tests {
             state.decide(&settings(2), secs(0), &node(1)),
             Decision::Wait(_)
         ));
+    }
+
+    #[test]
+    fn a_node_joining_a_cluster_passes_on_its_seeds_and_nobody_forms_meanwhile() {
+        // Node 2 heard seed 3 first-hand; until it is let in, its answers carry it.
+        let mut joiner = BootstrapState::new();
+        joiner.on_discovery(secs(0), (1..=3).map(point).collect());
+        joiner.on_probe_answer(secs(9), &point(3), answer(3, &[3]));
+        let via = joiner.first_hand_seeds(&settings(2), secs(10), &node(2));
+        assert_eq!(via, vec![node(3)]);
+        // Node 1, the lowest, hears "no cluster" from 3's contact point (a stale view) but
+        // "joining via 3" from 2: it joins instead of forming.
+        let mut lowest = three_answered(secs(9));
+        lowest.on_probe_answer(
+            secs(9),
+            &point(2),
+            ProbeAnswer {
+                self_node: node(2),
+                seed_nodes: Vec::new(),
+                joining_via: via,
+            },
+        );
+        assert_eq!(
+            lowest.decide(&settings(2), secs(10), &node(1)),
+            Decision::JoinSeeds(vec![node(3)])
+        );
+        // What was passed on is not passed on again, and it expires.
+        assert!(
+            lowest
+                .first_hand_seeds(&settings(2), secs(10), &node(1))
+                .is_empty()
+        );
+        assert!(
+            joiner
+                .first_hand_seeds(&settings(2), secs(12), &node(2))
+                .is_empty()
+        );
     }
 }
