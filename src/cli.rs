@@ -1,14 +1,16 @@
 //! Command-line definitions (clap derive) and the step from `tessera node` flags to a validated
 //! [`NodeConfig`].
 //!
-//! Node flags are all optional strings without clap defaults: a clap default would be
-//! indistinguishable from a flag the user typed and would beat the config file. The defaults
-//! live in [`NodeConfig::default`], and each flag's help states it and its environment variable
-//! (a test keeps the two in step). Environment variables are read by
-//! [`ConfigLayer::from_env`], not by clap, so that the precedence flag > env > file > default is
-//! decided in one place and can be tested without touching the process environment.
+//! The node's flags are the configuration keys themselves: [`ConfigLayer`] defines each key
+//! once (TOML key, flag, environment variable and help) and is flattened into [`NodeArgs`].
+//! Its flags are optional without clap defaults: a clap default would be indistinguishable from
+//! a flag the user typed and would beat the config file. The defaults live in
+//! [`NodeConfig::default`], and each flag's help states it and its environment variable (a test
+//! keeps the two in step). Environment variables are read by [`ConfigLayer::from_env`], not by
+//! clap, so that the precedence flag > env > file > default is decided in one place and can be
+//! tested without touching the process environment.
 
-use crate::config::{ConfigError, ConfigLayer, NodeConfig};
+use crate::config::{self, ConfigError, ConfigLayer, NodeConfig};
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -36,186 +38,215 @@ pub enum Command {
     /// Cluster sharding maintenance.
     #[command(subcommand)]
     Sharding(ShardingCommand),
+    /// List the cluster's members as a node sees them.
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Members(ClientArgs),
+    /// Make the node join the cluster at ADDRESS (its own cluster address forms a new one).
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Join(AddressArgs),
+    /// Make the member at ADDRESS leave the cluster gracefully.
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Leave(AddressArgs),
+    /// Mark the member at ADDRESS down (it is removed from the cluster).
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Down(AddressArgs),
+    /// Every member's shards and live entities of an entity type.
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Shards(ShardsArgs),
+    /// Read, update or delete Distributed Data keys.
+    #[command(subcommand)]
+    Ddata(DdataCommand),
+    /// Send a JSON command to an entity and print its reply.
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Entity(EntityArgs),
+}
+
+const CLIENT_AFTER_HELP: &str = "Talks to a running node's HTTP API (--node, default \
+http://127.0.0.1:8558, or TESSERA_NODE) with the bearer token of its http_token (--token or \
+TESSERA_TOKEN). Exit codes: 0 done; 2 bad usage; 3 node unreachable; 4 token refused (401); \
+5 refused by the node (4xx, nothing done); 6 the node could not do it (5xx, nothing done); \
+7 outcome unknown (504: it may or may not have taken effect); 8 unexpected answer.";
+
+/// How the client commands reach a node.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// The node's HTTP API
+    #[arg(long, value_name = "URL", env = "TESSERA_NODE", default_value = crate::client::DEFAULT_NODE)]
+    pub node: String,
+    /// Bearer token (the node's http_token)
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "TESSERA_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// Print the node's JSON answer instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// How long to wait for the node's answer
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
+}
+
+impl ClientArgs {
+    /// The client's options.
+    pub fn options(&self) -> crate::client::ClientOptions {
+        crate::client::ClientOptions {
+            node: self.node.clone(),
+            token: self.token.clone(),
+            json: self.json,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// `tessera join|leave|down ADDRESS`.
+#[derive(Debug, Args)]
+pub struct AddressArgs {
+    /// A member's cluster address, host:port (as `tessera members` shows it)
+    #[arg(value_name = "ADDRESS")]
+    pub address: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `tessera shards TYPE`.
+#[derive(Debug, Args)]
+pub struct ShardsArgs {
+    /// Entity type, e.g. account
+    #[arg(value_name = "TYPE")]
+    pub entity_type: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `tessera entity TYPE ID JSON`.
+#[derive(Debug, Args)]
+pub struct EntityArgs {
+    /// Entity type, e.g. account
+    #[arg(value_name = "TYPE")]
+    pub entity_type: String,
+    /// Entity id
+    #[arg(value_name = "ID")]
+    pub id: String,
+    /// The command, as JSON, e.g. '{"deposit": 5}'
+    #[arg(value_name = "JSON")]
+    pub command: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `tessera ddata ...`.
+#[derive(Debug, Subcommand)]
+pub enum DdataCommand {
+    /// Read a key: tessera ddata get counter hits
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Get(DdataKeyArgs),
+    /// Apply an operation: tessera ddata update counter hits '{"increment": 1}'
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Update(DdataUpdateArgs),
+    /// Delete a key for good: tessera ddata delete counter hits
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Delete(DdataKeyArgs),
+}
+
+/// A Distributed Data key and the consistency to use.
+#[derive(Debug, Args)]
+pub struct DdataKeyArgs {
+    /// Data type: counter, set, register, map or flag
+    #[arg(value_name = "TYPE")]
+    pub data_type: String,
+    /// Key
+    #[arg(value_name = "KEY")]
+    pub key: String,
+    /// local, majority, all or a number of nodes [default: the node's, local]
+    #[arg(long, value_name = "LEVEL")]
+    pub consistency: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `tessera ddata update TYPE KEY JSON`.
+#[derive(Debug, Args)]
+pub struct DdataUpdateArgs {
+    #[command(flatten)]
+    pub key: DdataKeyArgs,
+    /// The operation, as JSON, e.g. '{"increment": 1}' or '{"add": "x"}'
+    #[arg(value_name = "JSON")]
+    pub operation: String,
+}
+
+impl Command {
+    /// The client command this is, with how to reach the node; None for the others.
+    pub fn client(&self) -> Option<(crate::client::ClientCommand, &ClientArgs)> {
+        use crate::client::ClientCommand as C;
+        Some(match self {
+            Command::Members(args) => (C::Members, args),
+            Command::Join(a) => (C::Join(a.address.clone()), &a.client),
+            Command::Leave(a) => (C::Leave(a.address.clone()), &a.client),
+            Command::Down(a) => (C::Down(a.address.clone()), &a.client),
+            Command::Shards(a) => (C::Shards(a.entity_type.clone()), &a.client),
+            Command::Entity(a) => (
+                C::Entity {
+                    entity_type: a.entity_type.clone(),
+                    id: a.id.clone(),
+                    command: a.command.clone(),
+                },
+                &a.client,
+            ),
+            Command::Ddata(DdataCommand::Get(a)) => (
+                C::DdataGet {
+                    data_type: a.data_type.clone(),
+                    key: a.key.clone(),
+                    consistency: a.consistency.clone(),
+                },
+                &a.client,
+            ),
+            Command::Ddata(DdataCommand::Update(a)) => (
+                C::DdataUpdate {
+                    data_type: a.key.data_type.clone(),
+                    key: a.key.key.clone(),
+                    operation: a.operation.clone(),
+                    consistency: a.key.consistency.clone(),
+                },
+                &a.key.client,
+            ),
+            Command::Ddata(DdataCommand::Delete(a)) => (
+                C::DdataDelete {
+                    data_type: a.data_type.clone(),
+                    key: a.key.clone(),
+                    consistency: a.consistency.clone(),
+                },
+                &a.client,
+            ),
+            _ => return None,
+        })
+    }
 }
 
 const NODE_AFTER_HELP: &str = "Every flag has a config-file key (the flag name with '_' for \
-'-', seed_nodes for --seed) and a TESSERA_<KEY> environment variable; lists in the environment \
-are comma-separated. Precedence: flag > environment > config file > default.";
+'-'; seed_nodes for --seed, contact_points for --contact-point) and a TESSERA_<KEY> environment \
+variable; lists in the environment are comma-separated. Precedence: flag > environment > config \
+file > default. Other TESSERA_* variables are refused, except those of the test tools and the \
+CLI client.";
 
-/// Flags of `tessera node`: one per configuration key, all optional.
+/// Flags of `tessera node`: the config file, and one flag per configuration key, all optional.
 #[derive(Debug, Default, Args)]
+#[command(mut_args = config::with_env_in_help)]
 pub struct NodeArgs {
-    /// TOML config file [env: TESSERA_CONFIG]
+    /// TOML config file
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Host to bind and advertise for cluster traffic [default: 127.0.0.1] [env: TESSERA_HOST]
-    #[arg(long, value_name = "HOST")]
-    pub host: Option<String>,
-    /// Cluster port [default: 25520] [env: TESSERA_PORT]
-    #[arg(long, value_name = "PORT")]
-    pub port: Option<String>,
-    /// Host for the HTTP management API [default: same as --host] [env: TESSERA_HTTP_HOST]
-    #[arg(long, value_name = "HOST")]
-    pub http_host: Option<String>,
-    /// HTTP management API port [default: 8558] [env: TESSERA_HTTP_PORT]
-    #[arg(long, value_name = "PORT")]
-    pub http_port: Option<String>,
-    /// Seed node to join through; repeat or comma-separate [default: none] [env: TESSERA_SEED_NODES]
-    #[arg(long = "seed", value_name = "HOST:PORT", value_delimiter = ',')]
-    pub seed_nodes: Vec<String>,
-    /// Directory for local state [default: ./tessera-data] [env: TESSERA_DATA_DIR]
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<String>,
-    /// Roles of this node, comma-separated [default: none] [env: TESSERA_ROLES]
-    #[arg(long, value_name = "ROLES", value_delimiter = ',')]
-    pub roles: Vec<String>,
-    /// Shared cluster secret; prefer the file or env, flags show in `ps` [default: none] [env: TESSERA_CLUSTER_SECRET]
-    #[arg(long, value_name = "SECRET")]
-    pub cluster_secret: Option<String>,
-    /// Stable membership time before the split-brain resolver acts [default: 20s] [env: TESSERA_STABLE_AFTER]
-    #[arg(long, value_name = "DURATION")]
-    pub stable_after: Option<String>,
-    /// Heartbeat interval [default: 1s] [env: TESSERA_HEARTBEAT_INTERVAL]
-    #[arg(long, value_name = "DURATION")]
-    pub heartbeat_interval: Option<String>,
-    /// Gossip interval [default: 1s] [env: TESSERA_GOSSIP_INTERVAL]
-    #[arg(long, value_name = "DURATION")]
-    pub gossip_interval: Option<String>,
-    /// Time the first seed waits for other seeds before joining itself [default: 5s] [env: TESSERA_SEED_NODE_TIMEOUT]
-    #[arg(long, value_name = "DURATION")]
-    pub seed_node_timeout: Option<String>,
-    /// Time without convergence before joining members become WeaklyUp [default: 7s] [env: TESSERA_ALLOW_WEAKLY_UP_AFTER]
-    #[arg(long, value_name = "DURATION")]
-    pub allow_weakly_up_after: Option<String>,
-    /// Neighbours monitoring each node, 1..=100 [default: 5] [env: TESSERA_MONITORED_BY]
-    #[arg(long, value_name = "N")]
-    pub monitored_by: Option<String>,
-    /// Phi accrual threshold [default: 8] [env: TESSERA_FAILURE_DETECTOR_THRESHOLD]
-    #[arg(long, value_name = "PHI")]
-    pub failure_detector_threshold: Option<String>,
-    /// Tolerated heartbeat pause [default: 3s] [env: TESSERA_ACCEPTABLE_HEARTBEAT_PAUSE]
-    #[arg(long, value_name = "DURATION")]
-    pub acceptable_heartbeat_pause: Option<String>,
-    /// Minimum heartbeat standard deviation [default: 100ms] [env: TESSERA_MIN_STD_DEVIATION]
-    #[arg(long, value_name = "DURATION")]
-    pub min_std_deviation: Option<String>,
-    /// keep-majority, static-quorum, keep-oldest or down-all [default: keep-majority] [env: TESSERA_DOWNING_STRATEGY]
-    #[arg(long, value_name = "STRATEGY")]
-    pub downing_strategy: Option<String>,
-    /// Quorum for static-quorum [default: none] [env: TESSERA_QUORUM_SIZE]
-    #[arg(long, value_name = "N")]
-    pub quorum_size: Option<String>,
-    /// keep-oldest: down the oldest when it is alone [default: true] [env: TESSERA_DOWN_IF_ALONE]
-    #[arg(long, value_name = "BOOL")]
-    pub down_if_alone: Option<String>,
-    /// Largest transport frame in bytes [default: 4194304] [env: TESSERA_MAX_FRAME_SIZE]
-    #[arg(long, value_name = "BYTES")]
-    pub max_frame_size: Option<String>,
-    /// Application version gossiped for rolling updates [default: the binary's version] [env: TESSERA_APP_VERSION]
-    #[arg(long, value_name = "VERSION")]
-    pub app_version: Option<String>,
-    /// text or json [default: text] [env: TESSERA_LOG_FORMAT]
-    #[arg(long, value_name = "FORMAT")]
-    pub log_format: Option<String>,
-    /// Level or filter; RUST_LOG overrides it [default: info] [env: TESSERA_LOG_LEVEL]
-    #[arg(long, value_name = "LEVEL")]
-    pub log_level: Option<String>,
-    /// Distributed Data keys stored on disk, comma-separated; a trailing * matches a prefix [default: none] [env: TESSERA_DURABLE_KEYS]
-    #[arg(long, value_name = "KEYS", value_delimiter = ',')]
-    pub durable_keys: Vec<String>,
-    /// Replicas of each journal log, 1..=7 [default: 3] [env: TESSERA_JOURNAL_REPLICATION_FACTOR]
-    #[arg(long, value_name = "N")]
-    pub journal_replication_factor: Option<String>,
-    /// Replicas holding an event before it is acknowledged, more than half the replication factor [default: 2] [env: TESSERA_JOURNAL_WRITE_QUORUM]
-    #[arg(long, value_name = "W")]
-    pub journal_write_quorum: Option<String>,
-    /// Entity snapshot every N events, 0 = never [default: 100] [env: TESSERA_SNAPSHOT_EVERY]
-    #[arg(long, value_name = "N")]
-    pub snapshot_every: Option<String>,
-    /// Passivate entities idle this long, 0s = never [default: 2m] [env: TESSERA_PASSIVATE_AFTER]
-    #[arg(long, value_name = "DURATION")]
-    pub passivate_after: Option<String>,
-    /// Time an entity command waits for its reply [default: 5s] [env: TESSERA_ENTITY_ASK_TIMEOUT]
-    #[arg(long, value_name = "DURATION")]
-    pub entity_ask_timeout: Option<String>,
-    /// Where shard coordinators keep their state: ddata or persistence [default: ddata] [env: TESSERA_STATE_STORE_MODE]
-    #[arg(long, value_name = "MODE")]
-    pub state_store_mode: Option<String>,
-    /// Whether shards remember their entities to restart them: off, ddata or eventsourced [default: off] [env: TESSERA_REMEMBER_ENTITIES]
-    #[arg(long, value_name = "STORE")]
-    pub remember_entities: Option<String>,
-    /// Shards per entity type, 1..=100000; fixed for the cluster's life [default: 1000] [env: TESSERA_NUMBER_OF_SHARDS]
-    #[arg(long, value_name = "N")]
-    pub number_of_shards: Option<String>,
-    /// How often the shard coordinator considers a rebalance [default: 10s] [env: TESSERA_REBALANCE_INTERVAL]
-    #[arg(long, value_name = "DURATION")]
-    pub rebalance_interval: Option<String>,
-    /// Most shards moved per rebalance round [default: 20] [env: TESSERA_REBALANCE_ABSOLUTE_LIMIT]
-    #[arg(long, value_name = "N")]
-    pub rebalance_absolute_limit: Option<String>,
-    /// Most shards moved per rebalance round as a fraction of all shards, in (0, 1] [default: 0.1] [env: TESSERA_REBALANCE_RELATIVE_LIMIT]
-    #[arg(long, value_name = "FRACTION")]
-    pub rebalance_relative_limit: Option<String>,
-    /// A shard handoff not done within this long is given up [default: 1m] [env: TESSERA_HANDOFF_TIMEOUT]
-    #[arg(long, value_name = "DURATION")]
-    pub handoff_timeout: Option<String>,
-    /// Live entities per entity type on this node, least recently used passivated beyond it, 0 = no limit [default: 100000] [env: TESSERA_ACTIVE_ENTITY_LIMIT]
-    #[arg(long, value_name = "N")]
-    pub active_entity_limit: Option<String>,
-    /// Messages a shard region buffers for shards whose home is not known yet [default: 100000] [env: TESSERA_SHARD_BUFFER_SIZE]
-    #[arg(long, value_name = "N")]
-    pub shard_buffer_size: Option<String>,
-    /// Hosts sharded entities only on members with this role; others route (proxy-only) [default: none] [env: TESSERA_SHARDING_ROLE]
-    #[arg(long, value_name = "ROLE")]
-    pub sharding_role: Option<String>,
+    /// The keys given as flags: the top configuration layer.
+    #[command(flatten)]
+    pub keys: ConfigLayer,
 }
 
 impl NodeArgs {
     /// The flags the user typed, as the top configuration layer.
     pub fn to_layer(&self) -> ConfigLayer {
-        let list = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
-        ConfigLayer {
-            host: self.host.clone(),
-            port: self.port.as_deref().map(Into::into),
-            http_host: self.http_host.clone(),
-            http_port: self.http_port.as_deref().map(Into::into),
-            seed_nodes: list(&self.seed_nodes),
-            data_dir: self.data_dir.clone(),
-            roles: list(&self.roles),
-            cluster_secret: self.cluster_secret.clone(),
-            stable_after: self.stable_after.as_deref().map(Into::into),
-            heartbeat_interval: self.heartbeat_interval.as_deref().map(Into::into),
-            gossip_interval: self.gossip_interval.as_deref().map(Into::into),
-            seed_node_timeout: self.seed_node_timeout.as_deref().map(Into::into),
-            allow_weakly_up_after: self.allow_weakly_up_after.as_deref().map(Into::into),
-            monitored_by: self.monitored_by.as_deref().map(Into::into),
-            failure_detector_threshold: self.failure_detector_threshold.as_deref().map(Into::into),
-            acceptable_heartbeat_pause: self.acceptable_heartbeat_pause.as_deref().map(Into::into),
-            min_std_deviation: self.min_std_deviation.as_deref().map(Into::into),
-            downing_strategy: self.downing_strategy.clone(),
-            quorum_size: self.quorum_size.as_deref().map(Into::into),
-            down_if_alone: self.down_if_alone.as_deref().map(Into::into),
-            max_frame_size: self.max_frame_size.as_deref().map(Into::into),
-            app_version: self.app_version.clone(),
-            log_format: self.log_format.clone(),
-            log_level: self.log_level.clone(),
-            durable_keys: list(&self.durable_keys),
-            snapshot_every: self.snapshot_every.as_deref().map(Into::into),
-            passivate_after: self.passivate_after.as_deref().map(Into::into),
-            entity_ask_timeout: self.entity_ask_timeout.as_deref().map(Into::into),
-            journal_replication_factor: self.journal_replication_factor.as_deref().map(Into::into),
-            journal_write_quorum: self.journal_write_quorum.as_deref().map(Into::into),
-            state_store_mode: self.state_store_mode.clone(),
-            remember_entities: self.remember_entities.clone(),
-            number_of_shards: self.number_of_shards.as_deref().map(Into::into),
-            rebalance_interval: self.rebalance_interval.as_deref().map(Into::into),
-            rebalance_absolute_limit: self.rebalance_absolute_limit.as_deref().map(Into::into),
-            rebalance_relative_limit: self.rebalance_relative_limit.as_deref().map(Into::into),
-            handoff_timeout: self.handoff_timeout.as_deref().map(Into::into),
-            active_entity_limit: self.active_entity_limit.as_deref().map(Into::into),
-            shard_buffer_size: self.shard_buffer_size.as_deref().map(Into::into),
-            sharding_role: self.sharding_role.clone(),
-        }
+        self.keys.clone()
     }
 
     /// Builds the validated configuration from these flags, the process environment and the
@@ -377,7 +408,7 @@ pub struct BenchShardingArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DowningStrategy, KEYS, RememberEntities, StateStoreMode};
+    use crate::config::{DowningStrategy, RememberEntities, StateStoreMode, keys};
     use clap::CommandFactory;
     use std::time::Duration;
 
@@ -557,21 +588,24 @@ mod tests {
     #[test]
     fn every_config_key_has_a_flag_documented_with_its_env_var() {
         let mut cmd = Cli::command();
-        let help = cmd
-            .find_subcommand_mut("node")
-            .unwrap()
-            .render_long_help()
-            .to_string();
+        let node = cmd.find_subcommand_mut("node").unwrap();
+        let help = node.render_long_help().to_string();
         assert!(help.contains("--config <FILE>") && help.contains("[env: TESSERA_CONFIG]"));
-        for key in KEYS {
-            let flag = if key == "seed_nodes" {
-                "seed".to_string()
-            } else {
-                key.replace('_', "-")
+        for key in keys() {
+            let arg = node
+                .get_arguments()
+                .find(|arg| arg.get_id() == key.as_str())
+                .unwrap_or_else(|| panic!("{key} has no flag"));
+            let flag = match key.as_str() {
+                "seed_nodes" => "seed".to_string(),
+                "contact_points" => "contact-point".to_string(),
+                _ => key.replace('_', "-"),
             };
+            assert_eq!(arg.get_long(), Some(flag.as_str()), "{key}");
             assert!(help.contains(&format!("--{flag} ")), "--{flag} missing");
             let env = format!("[env: TESSERA_{}]", key.to_ascii_uppercase());
             assert!(help.contains(&env), "{env} missing");
+            assert_eq!(help.matches(&env).count(), 1, "{env} twice");
         }
     }
 
@@ -613,9 +647,111 @@ mod tests {
             format!("[default: {}]", dur(d.handoff_timeout)),
             format!("[default: {}]", d.active_entity_limit),
             format!("[default: {}]", d.shard_buffer_size),
+            format!("[default: {}]", d.required_contact_points),
+            format!("[default: {}]", dur(d.stable_margin)),
+            format!("[default: {}]", d.form_new_cluster),
+            format!("[default: {}]", dur(d.bootstrap_probe_interval)),
+            format!("[default: {}]", dur(d.http_header_timeout)),
+            format!("[default: {}]", dur(d.http_request_timeout)),
+            format!("[default: {}]", d.http_max_concurrent_requests),
+            format!("[default: {}]", d.http_max_connections),
         ] {
             assert!(help.contains(&expected), "{expected} missing from:\n{help}");
         }
+        assert_eq!(d.shutdown_after_unsuccessful_join, None);
+        assert!(help.contains("off = never [default: off]"), "{help}");
+    }
+
+    #[test]
+    fn bootstrap_and_http_flags_reach_the_config() {
+        let token = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(token.path(), "token-from-a-file\n").unwrap();
+        let config = node(&[
+            "--contact-point",
+            "10.0.0.1:8558",
+            "--contact-point",
+            "10.0.0.2:8558,10.0.0.3:8558",
+            "--required-contact-points",
+            "3",
+            "--stable-margin",
+            "2s",
+            "--form-new-cluster",
+            "false",
+            "--bootstrap-probe-interval",
+            "250ms",
+            "--shutdown-after-unsuccessful-join",
+            "off",
+            "--http-host",
+            "0.0.0.0",
+            "--http-token-file",
+            token.path().to_str().unwrap(),
+            "--http-header-timeout",
+            "3s",
+            "--http-request-timeout",
+            "9s",
+            "--http-max-concurrent-requests",
+            "16",
+            "--http-max-connections",
+            "32",
+        ])
+        .to_config_with_env(no_env())
+        .unwrap();
+        assert_eq!(config.contact_points.len(), 3);
+        assert_eq!(config.contact_points[2].to_string(), "10.0.0.3:8558");
+        assert_eq!(config.required_contact_points, 3);
+        assert_eq!(config.stable_margin, Duration::from_secs(2));
+        assert!(!config.form_new_cluster);
+        assert_eq!(config.bootstrap_probe_interval, Duration::from_millis(250));
+        assert_eq!(config.shutdown_after_unsuccessful_join, None);
+        assert_eq!(config.http_token.unwrap().expose(), "token-from-a-file");
+        assert_eq!(config.http_header_timeout, Duration::from_secs(3));
+        assert_eq!(config.http_request_timeout, Duration::from_secs(9));
+        assert_eq!(config.http_max_concurrent_requests, 16);
+        assert_eq!(config.http_max_connections, 32);
+
+        let env = vec![("TESSERA_CONTACT_POINT_PORT".into(), "8600".into())];
+        let config = node(&[
+            "--discovery-dns",
+            "_http._tcp.tessera.local",
+            "--discovery-dns-server",
+            "127.0.0.1:5353",
+            "--http-token",
+            "token-given-as-a-flag",
+        ])
+        .to_config_with_env(env)
+        .unwrap();
+        assert_eq!(
+            config.discovery_dns.as_deref(),
+            Some("_http._tcp.tessera.local")
+        );
+        assert_eq!(
+            config.discovery_dns_server,
+            Some("127.0.0.1:5353".parse().unwrap())
+        );
+        assert_eq!(config.contact_point_port, Some(8600));
+        assert_eq!(config.http_token.unwrap().expose(), "token-given-as-a-flag");
+
+        let err = node(&[
+            "--seed",
+            "127.0.0.1:25520",
+            "--contact-point",
+            "127.0.0.1:8558",
+        ])
+        .to_config_with_env(no_env())
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::Exclusive { .. }), "{err}");
+    }
+
+    #[test]
+    fn unknown_tessera_variables_stop_the_node() {
+        let env = vec![("TESSERA_HTTP_PROT".into(), "1".into())];
+        let err = node(&[]).to_config_with_env(env).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown environment variable TESSERA_HTTP_PROT (did you mean TESSERA_HTTP_PORT?): \
+             a TESSERA_* variable must be TESSERA_ and a config key in upper case (see tessera \
+             node --help)"
+        );
     }
 
     #[test]

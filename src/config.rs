@@ -1,68 +1,56 @@
 //! Node configuration: defaults, a TOML file, `TESSERA_*` environment variables and flags.
 //!
-//! Each source is read into a [`ConfigLayer`] (every key optional, values not yet checked).
-//! Layers are stacked — flag over environment over file over default — and the result is
-//! checked once, in [`NodeConfig::from_layer`], so that a bad value gets the same message
-//! whichever source it came from: the key, the value, and what is allowed.
+//! Every key is defined once, as a field of [`ConfigLayer`]: its name is the TOML key, clap
+//! derives the flag from it, the environment variable is `TESSERA_` and the name in upper case,
+//! and its doc comment is the flag's help, stating the default. Each source is read into a
+//! `ConfigLayer` (every key optional, values as written). Layers are stacked — flag over
+//! environment over file over default — and the result is checked once, in
+//! [`NodeConfig::from_layer`], so that a bad value gets the same message whichever source it
+//! came from: the key, the value, and what is allowed.
 
 use crate::logging::{self, LogFormat};
-use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+use std::convert::Infallible;
 use std::ffi::OsString;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::Duration;
-use tessera_cluster::Address;
+use tessera_cluster::{Address, AddressParseError};
 
-/// Every configuration key, as written in the TOML file; the environment variable is
-/// `TESSERA_` followed by the key in upper case, the flag is the key with `-` for `_`
-/// (except `seed_nodes`, whose flag is the repeatable `--seed`).
-pub const KEYS: [&str; 40] = [
-    "host",
-    "port",
-    "http_host",
-    "http_port",
-    "seed_nodes",
-    "data_dir",
-    "roles",
-    "cluster_secret",
-    "stable_after",
-    "heartbeat_interval",
-    "gossip_interval",
-    "seed_node_timeout",
-    "allow_weakly_up_after",
-    "monitored_by",
-    "failure_detector_threshold",
-    "acceptable_heartbeat_pause",
-    "min_std_deviation",
-    "downing_strategy",
-    "quorum_size",
-    "down_if_alone",
-    "max_frame_size",
-    "app_version",
-    "log_format",
-    "log_level",
-    "durable_keys",
-    "snapshot_every",
-    "passivate_after",
-    "entity_ask_timeout",
-    "journal_replication_factor",
-    "journal_write_quorum",
-    "state_store_mode",
-    "remember_entities",
-    "number_of_shards",
-    "rebalance_interval",
-    "rebalance_absolute_limit",
-    "rebalance_relative_limit",
-    "handoff_timeout",
-    "active_entity_limit",
-    "shard_buffer_size",
-    "sharding_role",
-];
+/// Prefix of the environment variables that configure a node: `TESSERA_` and the key in upper
+/// case. Any other variable with this prefix stops the node, unless it is in
+/// [`ENV_VARS_NOT_KEYS`].
+pub const ENV_PREFIX: &str = "TESSERA_";
 
 /// Environment variable naming the config file when `--config` is not given.
 pub const CONFIG_FILE_ENV: &str = "TESSERA_CONFIG";
+
+/// The `TESSERA_*` variables that are not configuration keys, which the node accepts and
+/// ignores (everything else with the prefix is refused as a likely typo): the config file, the
+/// test tools' knobs (a node spawned by a test inherits them), and the CLI client's.
+pub const ENV_VARS_NOT_KEYS: [&str; 10] = [
+    // The config file, read by `NodeConfig::load`.
+    CONFIG_FILE_ENV,
+    // Seeds and trace of the deterministic simulation tests.
+    "TESSERA_SIM_SEEDS",
+    "TESSERA_SIM_TRACE",
+    // The journal's crash tests.
+    "TESSERA_CRASH_SEED",
+    "TESSERA_CRASH_ITERATIONS",
+    "TESSERA_JOURNAL_CRASH_CHILD_DIR",
+    // The cluster singleton's simulation test.
+    "TESSERA_SINGLETON_SIM_SEED",
+    // Keeps the multi-process tests' directories for inspection.
+    "TESSERA_KEEP_TEST_DIRS",
+    // The CLI client: which node's HTTP API it talks to, and its token.
+    "TESSERA_NODE",
+    "TESSERA_TOKEN",
+];
 
 /// Smallest and largest accepted `max_frame_size`: a frame must hold a full gossip state, and
 /// one peer must not be able to make us buffer more than this per frame.
@@ -80,6 +68,14 @@ pub const MAX_SNAPSHOT_EVERY: u64 = 1_000_000;
 /// shard costs the coordinator state and the regions a table entry.
 pub const MAX_NUMBER_OF_SHARDS: u64 = 100_000;
 
+/// Largest accepted `required_contact_points`: more contact points than nodes any cluster of
+/// ours has would only keep a bootstrap from ever forming a cluster.
+pub const MAX_REQUIRED_CONTACT_POINTS: u64 = 1000;
+
+/// Largest accepted `http_max_concurrent_requests` and `http_max_connections`: each costs a
+/// task and buffers, and a management API never needs more.
+pub const MAX_HTTP_LIMIT: u64 = 100_000;
+
 /// A validated node configuration. Build it with [`NodeConfig::load`] (all sources) or
 /// [`NodeConfig::from_layer`]; `Default` gives the documented defaults.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,7 +88,8 @@ pub struct NodeConfig {
     pub http_host: String,
     /// HTTP management API port.
     pub http_port: u16,
-    /// Seed nodes to join through; empty means join manually over HTTP.
+    /// Seed nodes to join through; empty means join manually over HTTP (or through Cluster
+    /// Bootstrap, when `contact_points` or `discovery_dns` is set).
     pub seed_nodes: Vec<Address>,
     /// Directory for journal, snapshots and other local state.
     pub data_dir: PathBuf,
@@ -167,6 +164,48 @@ pub struct NodeConfig {
     /// Only members with this role host sharded entities and run their coordinators; the
     /// others route to them (proxy-only). None: every member hosts.
     pub sharding_role: Option<String>,
+    /// Cluster Bootstrap (Akka's): the HTTP management addresses of the contact points, a
+    /// fixed list. Empty: no bootstrap from a list (see `discovery_dns`). Exclusive with
+    /// `seed_nodes` and with `discovery_dns`.
+    pub contact_points: Vec<ContactPoint>,
+    /// Cluster Bootstrap: a DNS name whose records are the contact points. A name starting
+    /// with `_` (`_http._tcp.tessera.local`) is an SRV name, whose records give host and port;
+    /// any other is looked up for A/AAAA records, each an address at `contact_point_port`.
+    /// Exclusive with `seed_nodes` and with `contact_points`.
+    pub discovery_dns: Option<String>,
+    /// The DNS server to ask for `discovery_dns` instead of the system resolver (for tests).
+    /// Only with `discovery_dns`.
+    pub discovery_dns_server: Option<SocketAddr>,
+    /// HTTP port of the contact points found through A/AAAA records of `discovery_dns`. None:
+    /// this node's own `http_port`. Only with `discovery_dns`.
+    pub contact_point_port: Option<u16>,
+    /// Cluster Bootstrap forms a new cluster only when at least this many contact points have
+    /// been found and answered, none of them in a cluster yet.
+    pub required_contact_points: u32,
+    /// Cluster Bootstrap: the set of contact points must stay unchanged this long before the
+    /// node with the lowest address forms a new cluster.
+    pub stable_margin: Duration,
+    /// Cluster Bootstrap: whether this node may form a new cluster; false makes it only ever
+    /// join an existing one (for nodes added to a running cluster).
+    pub form_new_cluster: bool,
+    /// Cluster Bootstrap: interval between probes of each contact point.
+    pub bootstrap_probe_interval: Duration,
+    /// Cluster Bootstrap: a node that has not joined within this long shuts down (to be
+    /// restarted by its supervisor). None: it keeps trying.
+    pub shutdown_after_unsuccessful_join: Option<Duration>,
+    /// The token HTTP API callers must present, from `http_token` or read from
+    /// `http_token_file`. Required when `http_host` is not a loopback address.
+    pub http_token: Option<HttpToken>,
+    /// The HTTP API closes a connection whose request head has not arrived within this long.
+    pub http_header_timeout: Duration,
+    /// The HTTP API gives up a request not answered within this long (the caller gets an
+    /// error).
+    pub http_request_timeout: Duration,
+    /// Most HTTP requests served at once, so that a flood of calls cannot exhaust the node.
+    pub http_max_concurrent_requests: u32,
+    /// Most HTTP connections open at once, so that idle or slow clients cannot exhaust the
+    /// node.
+    pub http_max_connections: u32,
 }
 
 impl Default for NodeConfig {
@@ -215,32 +254,76 @@ impl Default for NodeConfig {
             active_entity_limit: 100_000,
             shard_buffer_size: 100_000,
             sharding_role: None,
+            // Akka Management's Cluster Bootstrap defaults.
+            contact_points: Vec::new(),
+            discovery_dns: None,
+            discovery_dns_server: None,
+            contact_point_port: None,
+            required_contact_points: 2,
+            stable_margin: Duration::from_secs(5),
+            form_new_cluster: true,
+            bootstrap_probe_interval: Duration::from_secs(1),
+            shutdown_after_unsuccessful_join: None,
+            http_token: None,
+            http_header_timeout: Duration::from_secs(10),
+            http_request_timeout: Duration::from_secs(30),
+            http_max_concurrent_requests: 4096,
+            http_max_connections: 4096,
         }
     }
 }
 
-/// The cluster secret. Its `Debug` output is redacted so that printing a config or logging an
-/// error never leaks it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClusterSecret(String);
+/// Defines a secret string type: `Debug` is redacted so that printing a config or a layer, or
+/// logging an error, never leaks it. It (de)serialises as the plain string, because the
+/// configuration layers are merged as TOML tables.
+macro_rules! secret_type {
+    ($(#[$doc:meta])* $name:ident, $use:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
 
-impl ClusterSecret {
-    /// Wraps a secret (checked for emptiness by the config loader, not here).
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self(secret.into())
-    }
+        impl $name {
+            /// Wraps a secret (checked by the config loader, not here).
+            pub fn new(secret: impl Into<String>) -> Self {
+                Self(secret.into())
+            }
 
-    /// The secret itself, for keying the handshake MAC.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
+            #[doc = concat!("The secret itself, ", $use, ".")]
+            pub fn expose(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(concat!(stringify!($name), "(<redacted>)"))
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = Infallible;
+
+            fn from_str(s: &str) -> Result<Self, Infallible> {
+                Ok(Self::new(s))
+            }
+        }
+    };
 }
 
-impl fmt::Debug for ClusterSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ClusterSecret(<redacted>)")
-    }
-}
+secret_type!(
+    /// The cluster secret, which peers prove they hold in the transport handshake.
+    ClusterSecret,
+    "for keying the handshake MAC"
+);
+
+secret_type!(
+    /// The token callers of the HTTP management API must present.
+    HttpToken,
+    "to compare with what a caller presents"
+);
+
+pub use tessera_cluster::bootstrap::ContactPoint;
 
 /// Split-brain resolver strategy (Akka's names), carrying the parameters of the chosen one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -391,10 +474,41 @@ pub enum ConfigError {
          TESSERA_CLUSTER_SECRET or --cluster-secret (the same on every node), or bind 127.0.0.1"
     )]
     NonLoopbackWithoutSecret {
-        /// `host` or `http_host`.
+        /// `host`.
         key: &'static str,
         /// The non-loopback host.
         host: String,
+    },
+    /// Serving the HTTP management API on a non-loopback address without a token.
+    #[error(
+        "http_host = {host:?} is not a loopback address and no http_token is set: anyone who \
+         can reach the HTTP port could change the cluster (join, leave, down members). Set \
+         http_token in the config file, TESSERA_HTTP_TOKEN or --http-token, or http_token_file \
+         (TESSERA_HTTP_TOKEN_FILE, --http-token-file), or bind http_host to 127.0.0.1"
+    )]
+    NonLoopbackHttpWithoutToken {
+        /// The non-loopback `http_host`.
+        host: String,
+    },
+    /// Two keys set that exclude each other.
+    #[error("{first} and {second} are both set: {why}; pick one")]
+    Exclusive {
+        /// The first key.
+        first: &'static str,
+        /// The second key.
+        second: &'static str,
+        /// Why they exclude each other.
+        why: &'static str,
+    },
+    /// A key that only applies together with another key, set without it.
+    #[error("{key} is set without {needs}: it only applies to {what}; set {needs} or remove {key}")]
+    Without {
+        /// The key that was set.
+        key: &'static str,
+        /// The key it needs.
+        needs: &'static str,
+        /// What it applies to.
+        what: &'static str,
     },
     /// Cluster transport and HTTP API on the same host and port.
     #[error(
@@ -423,6 +537,35 @@ pub enum ConfigError {
         /// The parser's message, which names the key and line.
         message: String,
     },
+    /// `http_token_file` could not be read.
+    #[error("cannot read http_token_file {path}: {source}")]
+    ReadTokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// `http_token_file` holds no token, or one that cannot be sent in an HTTP header.
+    #[error("http_token_file {path}: {problem}")]
+    BadTokenFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with its content (never the content itself).
+        problem: &'static str,
+    },
+    /// A `TESSERA_*` environment variable that is no configuration key (nor one of
+    /// [`ENV_VARS_NOT_KEYS`]): most likely a typo, which would otherwise be silently ignored.
+    #[error(
+        "unknown environment variable {name}{}: a TESSERA_* variable must be TESSERA_ and a \
+         config key in upper case (see tessera node --help)",
+        closest.as_ref().map(|c| format!(" (did you mean {c}?)")).unwrap_or_default()
+    )]
+    UnknownEnv {
+        /// The variable.
+        name: String,
+        /// The known variable closest to it, if any is close.
+        closest: Option<String>,
+    },
     /// A `TESSERA_*` variable that is not valid Unicode.
     #[error("environment variable {name} is not valid UTF-8")]
     NonUnicodeEnv {
@@ -433,7 +576,7 @@ pub enum ConfigError {
 
 /// A single value as a source wrote it: the file has typed TOML values, flags and environment
 /// variables only have text. Parsing to the key's type happens in one place for all sources.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum Scalar {
     /// `true` / `false` in TOML.
@@ -463,52 +606,252 @@ impl From<&str> for Scalar {
     }
 }
 
-/// One source of configuration: every key optional, values not yet validated. The TOML file
-/// deserialises into it directly, refusing unknown keys.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+/// A flag's value is text, checked later like every other source's.
+impl FromStr for Scalar {
+    type Err = Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Infallible> {
+        Ok(Scalar::Text(s.to_string()))
+    }
+}
+
+/// One source of configuration, and the one definition of every key.
+///
+/// A field is a key: its name is the key in the TOML file, the flag is `--` and the name with
+/// `-` for `_` (the two lists with a repeatable flag in the singular, `--seed` and
+/// `--contact-point`), and the environment variable is `TESSERA_` and the name in upper case
+/// (see [`env_var_of`]). Its doc comment is the flag's help and states the default, which
+/// [`NodeConfig::default`] holds (a test keeps the two in step); [`with_env_in_help`] adds the
+/// variable. Values are kept as the source wrote them — the file's TOML types, the text of
+/// flags and variables — and checked, whatever their source, in [`NodeConfig::from_layer`].
+/// The TOML file deserialises into it directly, refusing unknown keys.
+#[derive(Clone, Debug, Default, PartialEq, clap::Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-#[allow(missing_docs)] // the fields are the keys documented on `NodeConfig`
 pub struct ConfigLayer {
+    /// Host to bind and advertise for cluster traffic [default: 127.0.0.1]
+    #[arg(long, value_name = "HOST")]
     pub host: Option<String>,
+    /// Cluster port [default: 25520]
+    #[arg(long, value_name = "PORT")]
     pub port: Option<Scalar>,
+    /// Host for the HTTP management API; not a loopback address only with an http_token
+    /// [default: same as --host]
+    #[arg(long, value_name = "HOST")]
     pub http_host: Option<String>,
+    /// HTTP management API port [default: 8558]
+    #[arg(long, value_name = "PORT")]
     pub http_port: Option<Scalar>,
+    /// Seed node to join through; repeat or comma-separate [default: none]
+    #[arg(long = "seed", value_name = "HOST:PORT", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "list")]
     pub seed_nodes: Option<Vec<String>>,
+    /// Directory for local state [default: ./tessera-data]
+    #[arg(long, value_name = "DIR")]
     pub data_dir: Option<String>,
+    /// Roles of this node, comma-separated [default: none]
+    #[arg(long, value_name = "ROLES", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "list")]
     pub roles: Option<Vec<String>>,
-    pub cluster_secret: Option<String>,
+    /// Shared cluster secret; prefer the file or env, flags show in `ps` [default: none]
+    #[arg(long, value_name = "SECRET")]
+    pub cluster_secret: Option<ClusterSecret>,
+    /// Stable membership time before the split-brain resolver acts [default: 20s]
+    #[arg(long, value_name = "DURATION")]
     pub stable_after: Option<Scalar>,
+    /// Heartbeat interval [default: 1s]
+    #[arg(long, value_name = "DURATION")]
     pub heartbeat_interval: Option<Scalar>,
+    /// Gossip interval [default: 1s]
+    #[arg(long, value_name = "DURATION")]
     pub gossip_interval: Option<Scalar>,
+    /// Time the first seed waits for other seeds before joining itself [default: 5s]
+    #[arg(long, value_name = "DURATION")]
     pub seed_node_timeout: Option<Scalar>,
+    /// Time without convergence before joining members become WeaklyUp [default: 7s]
+    #[arg(long, value_name = "DURATION")]
     pub allow_weakly_up_after: Option<Scalar>,
+    /// Neighbours monitoring each node, 1..=100 [default: 5]
+    #[arg(long, value_name = "N")]
     pub monitored_by: Option<Scalar>,
+    /// Phi accrual threshold [default: 8]
+    #[arg(long, value_name = "PHI")]
     pub failure_detector_threshold: Option<Scalar>,
+    /// Tolerated heartbeat pause [default: 3s]
+    #[arg(long, value_name = "DURATION")]
     pub acceptable_heartbeat_pause: Option<Scalar>,
+    /// Minimum heartbeat standard deviation [default: 100ms]
+    #[arg(long, value_name = "DURATION")]
     pub min_std_deviation: Option<Scalar>,
+    /// keep-majority, static-quorum, keep-oldest or down-all [default: keep-majority]
+    #[arg(long, value_name = "STRATEGY")]
     pub downing_strategy: Option<String>,
+    /// Quorum for static-quorum [default: none]
+    #[arg(long, value_name = "N")]
     pub quorum_size: Option<Scalar>,
+    /// keep-oldest: down the oldest when it is alone [default: true]
+    #[arg(long, value_name = "BOOL")]
     pub down_if_alone: Option<Scalar>,
+    /// Largest transport frame in bytes [default: 4194304]
+    #[arg(long, value_name = "BYTES")]
     pub max_frame_size: Option<Scalar>,
+    /// Application version gossiped for rolling updates [default: the binary's version]
+    #[arg(long, value_name = "VERSION")]
     pub app_version: Option<String>,
+    /// text or json [default: text]
+    #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
+    /// Level or filter; RUST_LOG overrides it [default: info]
+    #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Distributed Data keys stored on disk, comma-separated; a trailing * matches a prefix
+    /// [default: none]
+    #[arg(long, value_name = "KEYS", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "list")]
     pub durable_keys: Option<Vec<String>>,
+    /// Entity snapshot every N events, 0 = never [default: 100]
+    #[arg(long, value_name = "N")]
     pub snapshot_every: Option<Scalar>,
+    /// Passivate entities idle this long, 0s = never [default: 2m]
+    #[arg(long, value_name = "DURATION")]
     pub passivate_after: Option<Scalar>,
+    /// Time an entity command waits for its reply [default: 5s]
+    #[arg(long, value_name = "DURATION")]
     pub entity_ask_timeout: Option<Scalar>,
+    /// Replicas of each journal log, 1..=7 [default: 3]
+    #[arg(long, value_name = "N")]
     pub journal_replication_factor: Option<Scalar>,
+    /// Replicas holding an event before it is acknowledged, more than half the replication
+    /// factor [default: 2]
+    #[arg(long, value_name = "W")]
     pub journal_write_quorum: Option<Scalar>,
+    /// Where shard coordinators keep their state: ddata or persistence [default: ddata]
+    #[arg(long, value_name = "MODE")]
     pub state_store_mode: Option<String>,
+    /// Whether shards remember their entities to restart them: off, ddata or eventsourced
+    /// [default: off]
+    #[arg(long, value_name = "STORE")]
     pub remember_entities: Option<String>,
+    /// Shards per entity type, 1..=100000; fixed for the cluster's life [default: 1000]
+    #[arg(long, value_name = "N")]
     pub number_of_shards: Option<Scalar>,
+    /// How often the shard coordinator considers a rebalance [default: 10s]
+    #[arg(long, value_name = "DURATION")]
     pub rebalance_interval: Option<Scalar>,
+    /// Most shards moved per rebalance round [default: 20]
+    #[arg(long, value_name = "N")]
     pub rebalance_absolute_limit: Option<Scalar>,
+    /// Most shards moved per rebalance round as a fraction of all shards, in (0, 1]
+    /// [default: 0.1]
+    #[arg(long, value_name = "FRACTION")]
     pub rebalance_relative_limit: Option<Scalar>,
+    /// A shard handoff not done within this long is given up [default: 1m]
+    #[arg(long, value_name = "DURATION")]
     pub handoff_timeout: Option<Scalar>,
+    /// Live entities per entity type on this node, least recently used passivated beyond it,
+    /// 0 = no limit [default: 100000]
+    #[arg(long, value_name = "N")]
     pub active_entity_limit: Option<Scalar>,
+    /// Messages a shard region buffers for shards whose home is not known yet
+    /// [default: 100000]
+    #[arg(long, value_name = "N")]
     pub shard_buffer_size: Option<Scalar>,
+    /// Hosts sharded entities only on members with this role; others route (proxy-only)
+    /// [default: none]
+    #[arg(long, value_name = "ROLE")]
     pub sharding_role: Option<String>,
+    /// Cluster Bootstrap: HTTP address of a contact point; repeat or comma-separate; not with
+    /// seed nodes [default: none]
+    #[arg(
+        long = "contact-point",
+        value_name = "HOST:PORT",
+        value_delimiter = ','
+    )]
+    #[serde(default, deserialize_with = "list")]
+    pub contact_points: Option<Vec<String>>,
+    /// Cluster Bootstrap: DNS name listing the contact points (A/AAAA records, or SRV records
+    /// for a name starting with _); not with seed nodes or contact points [default: none]
+    #[arg(long, value_name = "NAME")]
+    pub discovery_dns: Option<String>,
+    /// DNS server to ask for discovery_dns instead of the system resolver; only with
+    /// discovery_dns [default: none]
+    #[arg(long, value_name = "IP:PORT")]
+    pub discovery_dns_server: Option<String>,
+    /// HTTP port of contact points found through A/AAAA records; only with discovery_dns
+    /// [default: this node's http_port]
+    #[arg(long, value_name = "PORT")]
+    pub contact_point_port: Option<Scalar>,
+    /// Contact points that must be found before a new cluster is formed, 1..=1000
+    /// [default: 2]
+    #[arg(long, value_name = "N")]
+    pub required_contact_points: Option<Scalar>,
+    /// Time the contact points found must stay unchanged before a new cluster is formed
+    /// [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub stable_margin: Option<Scalar>,
+    /// Whether this node may form a new cluster, or only join one [default: true]
+    #[arg(long, value_name = "BOOL")]
+    pub form_new_cluster: Option<Scalar>,
+    /// Interval between probes of each contact point [default: 1s]
+    #[arg(long, value_name = "DURATION")]
+    pub bootstrap_probe_interval: Option<Scalar>,
+    /// Shut down when not joined within this long, off = never [default: off]
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_after_unsuccessful_join: Option<Scalar>,
+    /// Token HTTP API callers must present; prefer the file or env, flags show in `ps`
+    /// [default: none]
+    #[arg(long, value_name = "TOKEN")]
+    pub http_token: Option<HttpToken>,
+    /// File holding the HTTP API token, read at start [default: none]
+    #[arg(long, value_name = "FILE")]
+    pub http_token_file: Option<String>,
+    /// Time allowed for a request's head to arrive [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    pub http_header_timeout: Option<Scalar>,
+    /// Time allowed to answer an HTTP request [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub http_request_timeout: Option<Scalar>,
+    /// HTTP requests served at once, 1..=100000 [default: 4096]
+    #[arg(long, value_name = "N")]
+    pub http_max_concurrent_requests: Option<Scalar>,
+    /// HTTP connections open at once, 1..=100000 [default: 4096]
+    #[arg(long, value_name = "N")]
+    pub http_max_connections: Option<Scalar>,
+}
+
+/// Every configuration key, in definition order: the fields of [`ConfigLayer`] (read from its
+/// flags, whose ids are the field names).
+pub fn keys() -> &'static [String] {
+    static KEYS: LazyLock<Vec<String>> = LazyLock::new(|| {
+        <ConfigLayer as clap::Args>::augment_args(clap::Command::new("keys"))
+            .get_arguments()
+            .map(|arg| arg.get_id().to_string())
+            .collect()
+    });
+    &KEYS
+}
+
+/// The environment variable of `key`: `stable_after` → `TESSERA_STABLE_AFTER`.
+pub fn env_var_of(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.to_ascii_uppercase())
+}
+
+/// Appends `[env: TESSERA_<KEY>]` to a flag's help, the variable derived from the flag's id
+/// (the key), so that no variable name is written by hand. For `mut_args` on the command that
+/// holds the flags.
+pub fn with_env_in_help(arg: clap::Arg) -> clap::Arg {
+    let env = env_var_of(arg.get_id().as_str());
+    let help = arg.get_help().map(|help| format!("{help} [env: {env}]"));
+    let long_help = arg
+        .get_long_help()
+        .map(|help| format!("{help} [env: {env}]"));
+    let arg = match help {
+        Some(help) => arg.help(help),
+        None => arg,
+    };
+    match long_help {
+        Some(help) => arg.long_help(help),
+        None => arg,
+    }
 }
 
 impl ConfigLayer {
@@ -530,21 +873,29 @@ impl ConfigLayer {
     }
 
     /// Picks the `TESSERA_<KEY>` variables out of an environment; lists are comma-separated.
-    /// Other variables are ignored. Takes the environment as an argument so tests need not
-    /// touch the process environment.
+    /// Variables without the prefix are ignored, and so are [`ENV_VARS_NOT_KEYS`]; any other
+    /// `TESSERA_*` variable is refused, naming the closest known one. Takes the environment as
+    /// an argument so tests need not touch the process environment.
     pub fn from_env<I>(vars: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (OsString, OsString)>,
     {
         let mut layer = ConfigLayer::default();
         for (name, value) in vars {
-            let Some(key) = name.to_str().and_then(key_of_env_var) else {
+            let name_text = name.to_string_lossy();
+            if !name_text.starts_with(ENV_PREFIX) || ENV_VARS_NOT_KEYS.contains(&&*name_text) {
                 continue;
+            }
+            let Some(key) = keys().iter().find(|key| env_var_of(key) == name_text) else {
+                return Err(ConfigError::UnknownEnv {
+                    closest: closest_env_var(&name_text),
+                    name: name_text.into_owned(),
+                });
             };
             let value = value
                 .into_string()
                 .map_err(|_| ConfigError::NonUnicodeEnv {
-                    name: format!("TESSERA_{}", key.to_ascii_uppercase()),
+                    name: name_text.to_string(),
                 })?;
             layer.set(key, value);
         }
@@ -553,118 +904,82 @@ impl ConfigLayer {
 
     /// Sets `key` from its text form (lists comma-separated). Returns false for an unknown key.
     pub fn set(&mut self, key: &str, value: String) -> bool {
-        let text = || Some(value.clone());
-        let scalar = || Some(Scalar::Text(value.clone()));
-        match key {
-            "host" => self.host = text(),
-            "port" => self.port = scalar(),
-            "http_host" => self.http_host = text(),
-            "http_port" => self.http_port = scalar(),
-            "seed_nodes" => self.seed_nodes = Some(split_list(&value)),
-            "data_dir" => self.data_dir = text(),
-            "roles" => self.roles = Some(split_list(&value)),
-            "cluster_secret" => self.cluster_secret = text(),
-            "stable_after" => self.stable_after = scalar(),
-            "heartbeat_interval" => self.heartbeat_interval = scalar(),
-            "gossip_interval" => self.gossip_interval = scalar(),
-            "seed_node_timeout" => self.seed_node_timeout = scalar(),
-            "allow_weakly_up_after" => self.allow_weakly_up_after = scalar(),
-            "monitored_by" => self.monitored_by = scalar(),
-            "failure_detector_threshold" => self.failure_detector_threshold = scalar(),
-            "acceptable_heartbeat_pause" => self.acceptable_heartbeat_pause = scalar(),
-            "min_std_deviation" => self.min_std_deviation = scalar(),
-            "downing_strategy" => self.downing_strategy = text(),
-            "quorum_size" => self.quorum_size = scalar(),
-            "down_if_alone" => self.down_if_alone = scalar(),
-            "max_frame_size" => self.max_frame_size = scalar(),
-            "app_version" => self.app_version = text(),
-            "log_format" => self.log_format = text(),
-            "log_level" => self.log_level = text(),
-            "durable_keys" => self.durable_keys = Some(split_list(&value)),
-            "snapshot_every" => self.snapshot_every = scalar(),
-            "passivate_after" => self.passivate_after = scalar(),
-            "entity_ask_timeout" => self.entity_ask_timeout = scalar(),
-            "journal_replication_factor" => self.journal_replication_factor = scalar(),
-            "journal_write_quorum" => self.journal_write_quorum = scalar(),
-            "state_store_mode" => self.state_store_mode = text(),
-            "remember_entities" => self.remember_entities = text(),
-            "number_of_shards" => self.number_of_shards = scalar(),
-            "rebalance_interval" => self.rebalance_interval = scalar(),
-            "rebalance_absolute_limit" => self.rebalance_absolute_limit = scalar(),
-            "rebalance_relative_limit" => self.rebalance_relative_limit = scalar(),
-            "handoff_timeout" => self.handoff_timeout = scalar(),
-            "active_entity_limit" => self.active_entity_limit = scalar(),
-            "shard_buffer_size" => self.shard_buffer_size = scalar(),
-            "sharding_role" => self.sharding_role = text(),
-            _ => return false,
+        if !keys().iter().any(|k| k == key) {
+            return false;
         }
+        let mut table = self.to_table();
+        table.insert(key.to_string(), toml::Value::String(value));
+        *self = Self::from_table(table);
         true
     }
 
     /// Stacks `over` on top of `self`: every key `over` sets wins (lists are replaced, not
     /// appended, so `--seed` on the command line replaces the file's seed nodes).
     pub fn overridden_by(self, over: ConfigLayer) -> ConfigLayer {
-        ConfigLayer {
-            host: over.host.or(self.host),
-            port: over.port.or(self.port),
-            http_host: over.http_host.or(self.http_host),
-            http_port: over.http_port.or(self.http_port),
-            seed_nodes: over.seed_nodes.or(self.seed_nodes),
-            data_dir: over.data_dir.or(self.data_dir),
-            roles: over.roles.or(self.roles),
-            cluster_secret: over.cluster_secret.or(self.cluster_secret),
-            stable_after: over.stable_after.or(self.stable_after),
-            heartbeat_interval: over.heartbeat_interval.or(self.heartbeat_interval),
-            gossip_interval: over.gossip_interval.or(self.gossip_interval),
-            seed_node_timeout: over.seed_node_timeout.or(self.seed_node_timeout),
-            allow_weakly_up_after: over.allow_weakly_up_after.or(self.allow_weakly_up_after),
-            monitored_by: over.monitored_by.or(self.monitored_by),
-            failure_detector_threshold: over
-                .failure_detector_threshold
-                .or(self.failure_detector_threshold),
-            acceptable_heartbeat_pause: over
-                .acceptable_heartbeat_pause
-                .or(self.acceptable_heartbeat_pause),
-            min_std_deviation: over.min_std_deviation.or(self.min_std_deviation),
-            downing_strategy: over.downing_strategy.or(self.downing_strategy),
-            quorum_size: over.quorum_size.or(self.quorum_size),
-            down_if_alone: over.down_if_alone.or(self.down_if_alone),
-            max_frame_size: over.max_frame_size.or(self.max_frame_size),
-            app_version: over.app_version.or(self.app_version),
-            log_format: over.log_format.or(self.log_format),
-            log_level: over.log_level.or(self.log_level),
-            durable_keys: over.durable_keys.or(self.durable_keys),
-            snapshot_every: over.snapshot_every.or(self.snapshot_every),
-            passivate_after: over.passivate_after.or(self.passivate_after),
-            entity_ask_timeout: over.entity_ask_timeout.or(self.entity_ask_timeout),
-            journal_replication_factor: over
-                .journal_replication_factor
-                .or(self.journal_replication_factor),
-            journal_write_quorum: over.journal_write_quorum.or(self.journal_write_quorum),
-            state_store_mode: over.state_store_mode.or(self.state_store_mode),
-            remember_entities: over.remember_entities.or(self.remember_entities),
-            number_of_shards: over.number_of_shards.or(self.number_of_shards),
-            rebalance_interval: over.rebalance_interval.or(self.rebalance_interval),
-            rebalance_absolute_limit: over
-                .rebalance_absolute_limit
-                .or(self.rebalance_absolute_limit),
-            rebalance_relative_limit: over
-                .rebalance_relative_limit
-                .or(self.rebalance_relative_limit),
-            handoff_timeout: over.handoff_timeout.or(self.handoff_timeout),
-            active_entity_limit: over.active_entity_limit.or(self.active_entity_limit),
-            shard_buffer_size: over.shard_buffer_size.or(self.shard_buffer_size),
-            sharding_role: over.sharding_role.or(self.sharding_role),
-        }
+        let mut table = self.to_table();
+        table.extend(over.to_table());
+        Self::from_table(table)
+    }
+
+    /// The keys this layer sets, as a TOML table (unset keys are left out).
+    fn to_table(&self) -> toml::Table {
+        toml::Table::try_from(self).expect("a layer is a table of TOML values")
+    }
+
+    /// The layer of a table of known keys, each a value of its type or text.
+    fn from_table(table: toml::Table) -> Self {
+        toml::Value::Table(table)
+            .try_into()
+            .expect("known keys with values of their type or text always deserialise")
     }
 }
 
-/// `TESSERA_STABLE_AFTER` → `stable_after`; `None` for anything that is not a config key.
-fn key_of_env_var(name: &str) -> Option<&'static str> {
-    let rest = name.strip_prefix("TESSERA_")?;
-    KEYS.iter()
-        .copied()
-        .find(|key| key.eq_ignore_ascii_case(rest) && rest.bytes().all(|b| !b.is_ascii_lowercase()))
+/// The known `TESSERA_*` variable closest to the unknown `name` (by Jaro similarity of what
+/// follows the prefix, as clap suggests flags), if any is close enough to be a likely typo.
+fn closest_env_var(name: &str) -> Option<String> {
+    let rest = name[ENV_PREFIX.len()..].to_ascii_uppercase();
+    let known = keys()
+        .iter()
+        .map(|key| env_var_of(key))
+        .chain(ENV_VARS_NOT_KEYS.iter().map(|name| name.to_string()));
+    known
+        .map(|candidate| {
+            (
+                strsim::jaro(&rest, &candidate[ENV_PREFIX.len()..]),
+                candidate,
+            )
+        })
+        .filter(|(similarity, _)| *similarity > 0.7)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, candidate)| candidate)
+}
+
+/// Deserialises a list key: a TOML array of strings, or text of comma-separated items (from
+/// the environment or [`ConfigLayer::set`]).
+fn list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<String>>, D::Error> {
+    struct ListVisitor;
+
+    impl<'de> Visitor<'de> for ListVisitor {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of strings, or a string of comma-separated items")
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<String>, E> {
+            Ok(split_list(text))
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element()? {
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+
+    deserializer.deserialize_any(ListVisitor).map(Some)
 }
 
 /// A durable key pattern: a key, or a prefix ending in `*` (no other `*`).
@@ -707,17 +1022,18 @@ impl NodeConfig {
             .iter()
             .find(|(name, _)| name == CONFIG_FILE_ENV)
             .map(|(_, value)| PathBuf::from(value));
+        let env = ConfigLayer::from_env(env)?;
         let file = match config_file.map(Path::to_path_buf).or(env_file) {
             Some(path) => ConfigLayer::from_file(&path)?,
             None => ConfigLayer::default(),
         };
-        let env = ConfigLayer::from_env(env)?;
         Self::from_layer(file.overridden_by(env).overridden_by(flags))
     }
 
-    /// Validates a (merged) layer, filling unset keys with the defaults. `quorum_size` and
-    /// `down_if_alone` are read only for the strategy they belong to, so switching
-    /// `downing_strategy` with a flag does not trip over the other strategy's settings.
+    /// Validates a (merged) layer, filling unset keys with the defaults, and reads
+    /// `http_token_file`. `quorum_size` and `down_if_alone` are read only for the strategy they
+    /// belong to, so switching `downing_strategy` with a flag does not trip over the other
+    /// strategy's settings.
     pub fn from_layer(layer: ConfigLayer) -> Result<Self, ConfigError> {
         let d = NodeConfig::default();
         let host = match layer.host {
@@ -729,11 +1045,22 @@ impl NodeConfig {
             None => host.clone(),
         };
         let cluster_secret = match layer.cluster_secret {
-            Some(s) if s.is_empty() => {
+            Some(s) if s.expose().is_empty() => {
                 return Err(invalid("cluster_secret", "", "a non-empty string"));
             }
-            Some(s) => Some(ClusterSecret(s)),
-            None => None,
+            other => other,
+        };
+        let http_token = match (layer.http_token, layer.http_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Exclusive {
+                    first: "http_token",
+                    second: "http_token_file",
+                    why: "they are two ways to give the same token",
+                });
+            }
+            (Some(token), None) => Some(check_http_token(token)?),
+            (None, Some(path)) => Some(read_http_token_file(&path)?),
+            (None, None) => None,
         };
         let downing_strategy = match layer.downing_strategy.as_deref() {
             None | Some("keep-majority") => DowningStrategy::KeepMajority,
@@ -947,10 +1274,99 @@ impl NodeConfig {
                 })?),
                 None => d.sharding_role,
             },
+            contact_points: match layer.contact_points {
+                Some(points) => points
+                    .iter()
+                    .map(|point| {
+                        point.trim().parse().map_err(|e: AddressParseError| {
+                            invalid_owned(
+                                "contact_points",
+                                point,
+                                format!(
+                                    "host:port of a node's HTTP API, like 10.0.0.1:8558 ({})",
+                                    e.reason
+                                ),
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+                None => d.contact_points,
+            },
+            discovery_dns: match layer.discovery_dns {
+                Some(name) if name.trim().is_empty() => None,
+                Some(name) => Some(parse_dns_name(&name)?),
+                None => d.discovery_dns,
+            },
+            discovery_dns_server: match layer.discovery_dns_server {
+                Some(server) if server.trim().is_empty() => None,
+                Some(server) => Some(server.trim().parse().map_err(|_| {
+                    invalid(
+                        "discovery_dns_server",
+                        &server,
+                        "the IP address and port of a DNS server, like 127.0.0.1:53",
+                    )
+                })?),
+                None => d.discovery_dns_server,
+            },
+            contact_point_port: opt(layer.contact_point_port, "contact_point_port", |k, v| {
+                parse_int(k, v, 1, u16::MAX.into()).map(|n| n as u16)
+            })?
+            .or(d.contact_point_port),
+            required_contact_points: opt(
+                layer.required_contact_points,
+                "required_contact_points",
+                |k, v| parse_int(k, v, 1, MAX_REQUIRED_CONTACT_POINTS).map(|n| n as u32),
+            )?
+            .unwrap_or(d.required_contact_points),
+            stable_margin: opt(
+                layer.stable_margin,
+                "stable_margin",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.stable_margin),
+            form_new_cluster: opt(layer.form_new_cluster, "form_new_cluster", parse_bool)?
+                .unwrap_or(d.form_new_cluster),
+            bootstrap_probe_interval: opt(
+                layer.bootstrap_probe_interval,
+                "bootstrap_probe_interval",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.bootstrap_probe_interval),
+            shutdown_after_unsuccessful_join: opt(
+                layer.shutdown_after_unsuccessful_join,
+                "shutdown_after_unsuccessful_join",
+                parse_duration_or_off,
+            )?
+            .unwrap_or(d.shutdown_after_unsuccessful_join),
+            http_header_timeout: opt(
+                layer.http_header_timeout,
+                "http_header_timeout",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.http_header_timeout),
+            http_request_timeout: opt(
+                layer.http_request_timeout,
+                "http_request_timeout",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.http_request_timeout),
+            http_max_concurrent_requests: opt(
+                layer.http_max_concurrent_requests,
+                "http_max_concurrent_requests",
+                |k, v| parse_int(k, v, 1, MAX_HTTP_LIMIT).map(|n| n as u32),
+            )?
+            .unwrap_or(d.http_max_concurrent_requests),
+            http_max_connections: opt(
+                layer.http_max_connections,
+                "http_max_connections",
+                |k, v| parse_int(k, v, 1, MAX_HTTP_LIMIT).map(|n| n as u32),
+            )?
+            .unwrap_or(d.http_max_connections),
             host,
             http_host,
             cluster_secret,
             downing_strategy,
+            http_token,
         };
         config.check_rules()?;
         Ok(config)
@@ -965,20 +1381,56 @@ impl NodeConfig {
                 replication_factor: n,
             });
         }
-        if self.cluster_secret.is_none() {
-            for (key, host) in [("host", &self.host), ("http_host", &self.http_host)] {
-                if !is_loopback(host) {
-                    return Err(ConfigError::NonLoopbackWithoutSecret {
-                        key,
-                        host: host.clone(),
-                    });
-                }
-            }
+        if self.cluster_secret.is_none() && !is_loopback(&self.host) {
+            return Err(ConfigError::NonLoopbackWithoutSecret {
+                key: "host",
+                host: self.host.clone(),
+            });
+        }
+        if self.http_token.is_none() && !is_loopback(&self.http_host) {
+            return Err(ConfigError::NonLoopbackHttpWithoutToken {
+                host: self.http_host.clone(),
+            });
         }
         if self.port == self.http_port && self.port != 0 && self.host == self.http_host {
             return Err(ConfigError::PortClash {
                 port: self.port,
                 host: self.host.clone(),
+            });
+        }
+        self.check_bootstrap_rules()
+    }
+
+    /// Cluster Bootstrap's keys: one way to form a cluster, one source of contact points, and
+    /// the DNS settings only with DNS.
+    fn check_bootstrap_rules(&self) -> Result<(), ConfigError> {
+        let two_ways = "they are two ways to form a cluster (joining through seed nodes, or \
+                        Cluster Bootstrap through contact points)";
+        let seeds = !self.seed_nodes.is_empty();
+        let listed = !self.contact_points.is_empty();
+        let dns = self.discovery_dns.is_some();
+        let exclusive = [
+            (seeds && listed, "seed_nodes", "contact_points", two_ways),
+            (seeds && dns, "seed_nodes", "discovery_dns", two_ways),
+            (
+                listed && dns,
+                "contact_points",
+                "discovery_dns",
+                "they are two sources of contact points for Cluster Bootstrap",
+            ),
+        ];
+        if let Some((_, first, second, why)) = exclusive.into_iter().find(|rule| rule.0) {
+            return Err(ConfigError::Exclusive { first, second, why });
+        }
+        let dns_only = [
+            ("discovery_dns_server", self.discovery_dns_server.is_some()),
+            ("contact_point_port", self.contact_point_port.is_some()),
+        ];
+        if let Some((key, _)) = dns_only.into_iter().find(|(_, set)| *set && !dns) {
+            return Err(ConfigError::Without {
+                key,
+                needs: "discovery_dns",
+                what: "contact points found through DNS",
             });
         }
         Ok(())
@@ -999,6 +1451,14 @@ impl NodeConfig {
                 secret.expose().len()
             )),
             Some(_) => {}
+        }
+        if let Some(token) = &self.http_token
+            && token.expose().len() < 16
+        {
+            warnings.push(format!(
+                "http_token is {} characters long: use at least 16 random characters",
+                token.expose().len()
+            ));
         }
         if self.acceptable_heartbeat_pause < self.heartbeat_interval {
             warnings.push(format!(
@@ -1165,6 +1625,86 @@ fn parse_fraction(key: &'static str, value: &Scalar) -> Result<f64, ConfigError>
     parse_positive_number(key, value, 1.0, "0.1")
 }
 
+/// A duration, or `off` (also `0s`) for none.
+fn parse_duration_or_off(
+    key: &'static str,
+    value: &Scalar,
+) -> Result<Option<Duration>, ConfigError> {
+    if let Scalar::Text(text) = value
+        && text.trim() == "off"
+    {
+        return Ok(None);
+    }
+    let d = parse_duration(key, value).map_err(|_| {
+        invalid(
+            key,
+            &value.to_string(),
+            "a duration like 2s or 500ms, or off",
+        )
+    })?;
+    Ok((!d.is_zero()).then_some(d))
+}
+
+/// A DNS name: dot-separated labels of letters, digits, `-` and `_` (SRV names start with
+/// `_`), at most 63 characters each and 253 in all, an optional final dot.
+fn parse_dns_name(name: &str) -> Result<String, ConfigError> {
+    let trimmed = name.trim();
+    let body = trimmed.strip_suffix('.').unwrap_or(trimmed);
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if body.len() > 253 || !body.split('.').all(label_ok) {
+        return Err(invalid(
+            "discovery_dns",
+            name,
+            "a DNS name like tessera.default.svc.cluster.local, or an SRV name like \
+             _http._tcp.tessera.local",
+        ));
+    }
+    Ok(trimmed.to_string())
+}
+
+/// What an HTTP token must be: text a client can send in a header.
+const HTTP_TOKEN_FORM: &str = "a non-empty string without whitespace or control characters";
+
+/// Checks a token given directly; the message never shows the token.
+fn check_http_token(token: HttpToken) -> Result<HttpToken, ConfigError> {
+    if token_fits_a_header(token.expose()) {
+        Ok(token)
+    } else {
+        Err(invalid("http_token", "<redacted>", HTTP_TOKEN_FORM))
+    }
+}
+
+/// Reads the token from `http_token_file`, trimming whitespace around it (a final newline).
+fn read_http_token_file(path: &str) -> Result<HttpToken, ConfigError> {
+    if path.trim().is_empty() {
+        return Err(invalid("http_token_file", path, "a file path"));
+    }
+    let path = PathBuf::from(path);
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::ReadTokenFile {
+        path: path.clone(),
+        source,
+    })?;
+    let token = text.trim();
+    let problem = if token.is_empty() {
+        "the file is empty: it must hold the HTTP API token"
+    } else if !token_fits_a_header(token) {
+        "the token holds whitespace or control characters, which an HTTP header cannot carry"
+    } else {
+        return Ok(HttpToken::new(token));
+    };
+    Err(ConfigError::BadTokenFile { path, problem })
+}
+
+fn token_fits_a_header(token: &str) -> bool {
+    !token.is_empty() && token.chars().all(|c| !c.is_whitespace() && !c.is_control())
+}
+
+#[cfg(test)]
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1252,20 +1792,109 @@ mod tests {
     }
 
     #[test]
-    fn env_ignores_other_variables_and_lower_case_names() {
-        let layer = ConfigLayer::from_env(env(&[
-            ("TESSERA_port", "1"),
-            ("PORT", "2"),
-            ("TESSERA_UNKNOWN", "3"),
-        ]))
-        .unwrap();
+    fn env_ignores_variables_without_the_prefix() {
+        let layer = ConfigLayer::from_env(env(&[("PORT", "2"), ("tessera_port", "1")])).unwrap();
         assert_eq!(layer, ConfigLayer::default());
+    }
+
+    #[test]
+    fn unknown_tessera_variables_are_refused_naming_the_closest_key() {
+        for (name, closest) in [
+            ("TESSERA_PROT", Some("TESSERA_PORT")),
+            ("TESSERA_port", Some("TESSERA_PORT")),
+            ("TESSERA_SEED", Some("TESSERA_SEED_NODES")),
+            ("TESSERA_HTTP_TOKENFILE", Some("TESSERA_HTTP_TOKEN_FILE")),
+            ("TESSERA_CONTACT_POINT", Some("TESSERA_CONTACT_POINTS")),
+            ("TESSERA_CONFIG_FILE", Some("TESSERA_CONFIG")),
+            ("TESSERA_XYZZY", None),
+        ] {
+            let err =
+                ConfigLayer::from_env(env(&[("TESSERA_PORT", "1"), (name, "3")])).unwrap_err();
+            match &err {
+                ConfigError::UnknownEnv {
+                    name: n,
+                    closest: c,
+                } => {
+                    assert_eq!(n, name);
+                    assert_eq!(c.as_deref(), closest, "{name}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+            let msg = err.to_string();
+            assert!(
+                msg.starts_with(&format!("unknown environment variable {name}")),
+                "{msg}"
+            );
+            if let Some(closest) = closest {
+                assert!(msg.contains(&format!("(did you mean {closest}?)")), "{msg}");
+            }
+        }
+        let err = NodeConfig::load(
+            ConfigLayer::default(),
+            None,
+            env(&[("TESSERA_GOSIP_INTERVAL", "1s")]),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::UnknownEnv { name, .. } if name == "TESSERA_GOSIP_INTERVAL"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_variables_of_tools_and_the_client_are_not_refused() {
+        assert_eq!(ENV_VARS_NOT_KEYS.len(), 10);
+        for name in [
+            "TESSERA_CONFIG",
+            "TESSERA_SIM_SEEDS",
+            "TESSERA_SIM_TRACE",
+            "TESSERA_CRASH_SEED",
+            "TESSERA_CRASH_ITERATIONS",
+            "TESSERA_SINGLETON_SIM_SEED",
+            "TESSERA_KEEP_TEST_DIRS",
+            "TESSERA_JOURNAL_CRASH_CHILD_DIR",
+            "TESSERA_NODE",
+            "TESSERA_TOKEN",
+        ] {
+            assert!(ENV_VARS_NOT_KEYS.contains(&name), "{name}");
+            let layer = ConfigLayer::from_env(env(&[(name, "1")])).unwrap();
+            assert_eq!(layer, ConfigLayer::default(), "{name} is not a key");
+        }
+        // None of them is a key's variable, which would make the key unsettable.
+        for key in keys() {
+            assert!(
+                !ENV_VARS_NOT_KEYS.contains(&env_var_of(key).as_str()),
+                "{key}"
+            );
+        }
+        let config = NodeConfig::load(
+            ConfigLayer::default(),
+            None,
+            env(&[("TESSERA_NODE", "10.0.0.1:8558"), ("TESSERA_TOKEN", "t")]),
+        )
+        .unwrap();
+        assert_eq!(config, NodeConfig::default());
+    }
+
+    #[test]
+    fn every_key_is_a_toml_key_a_variable_and_a_settable_name() {
+        let keys = keys();
+        assert!(keys.len() >= 55, "{keys:?}");
+        assert!(keys.iter().any(|k| k == "seed_nodes"));
+        for key in keys {
+            let text = format!("{key} = \"1\"\n");
+            let file = ConfigLayer::from_toml(&text, Path::new("f")).unwrap();
+            let var = ConfigLayer::from_env(env(&[(&env_var_of(key), "1")])).unwrap();
+            assert_eq!(file, var, "{key}");
+            assert_ne!(file, ConfigLayer::default(), "{key}");
+        }
     }
 
     #[test]
     fn http_host_follows_host_unless_set() {
         let secret = ("cluster_secret", "0123456789abcdef");
-        let config = from(&[("host", "10.0.0.5"), secret]).unwrap();
+        let token = ("http_token", "0123456789abcdef-token");
+        let config = from(&[("host", "10.0.0.5"), secret, token]).unwrap();
         assert_eq!(config.http_host, "10.0.0.5");
         let config = from(&[("host", "10.0.0.5"), ("http_host", "127.0.0.1"), secret]).unwrap();
         assert_eq!(config.http_host, "127.0.0.1");
@@ -1522,19 +2151,19 @@ mod tests {
 
     #[test]
     fn non_loopback_host_without_secret_is_refused() {
-        for (key, host) in [
-            ("host", "10.0.0.5"),
-            ("host", "0.0.0.0"),
-            ("http_host", "node1.example"),
-        ] {
-            let err = from(&[(key, host)]).unwrap_err();
+        for host in ["10.0.0.5", "0.0.0.0"] {
+            // A token does not stand in for the cluster secret.
+            let err = from(&[("host", host), ("http_token", "0123456789abcdef")]).unwrap_err();
             assert!(
-                matches!(&err, ConfigError::NonLoopbackWithoutSecret { key: k, .. } if *k == key),
+                matches!(
+                    &err,
+                    ConfigError::NonLoopbackWithoutSecret { key: "host", .. }
+                ),
                 "{err}"
             );
             let msg = err.to_string();
             assert!(
-                msg.starts_with(&format!("{key} = {host:?} is not a loopback")),
+                msg.starts_with(&format!("host = {host:?} is not a loopback")),
                 "{msg}"
             );
             assert!(msg.contains("TESSERA_CLUSTER_SECRET"), "{msg}");
@@ -1542,10 +2171,42 @@ mod tests {
     }
 
     #[test]
-    fn non_loopback_host_with_secret_is_accepted_without_warning() {
+    fn non_loopback_http_host_without_token_is_refused() {
+        let secret = ("cluster_secret", "a-long-enough-secret");
+        for layer in [
+            vec![("http_host", "node1.example")],
+            // A cluster secret does not stand in for the token.
+            vec![("http_host", "10.0.0.5"), secret],
+            // http_host follows host.
+            vec![("host", "0.0.0.0"), secret],
+        ] {
+            let err = from(&layer).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::NonLoopbackHttpWithoutToken { .. }),
+                "{layer:?}: {err}"
+            );
+            let msg = err.to_string();
+            assert!(msg.starts_with("http_host = "), "{msg}");
+            assert!(msg.contains("is not a loopback address and no http_token"));
+            for named in ["TESSERA_HTTP_TOKEN", "--http-token", "http_token_file"] {
+                assert!(msg.contains(named), "{named} missing: {msg}");
+            }
+        }
+        let config = from(&[
+            ("http_host", "node1.example"),
+            ("http_token", "0123456789abcdef"),
+        ])
+        .unwrap();
+        assert_eq!(config.http_host, "node1.example");
+        assert_eq!(config.http_token.unwrap().expose(), "0123456789abcdef");
+    }
+
+    #[test]
+    fn non_loopback_host_with_secret_and_token_is_accepted_without_warning() {
         let config = from(&[
             ("host", "0.0.0.0"),
             ("cluster_secret", "a-long-enough-secret"),
+            ("http_token", "a-long-enough-token"),
         ])
         .unwrap();
         assert_eq!(
@@ -1585,10 +2246,20 @@ mod tests {
 
     #[test]
     fn secret_is_redacted_in_debug_output() {
-        let config = from(&[("cluster_secret", "hunter2-hunter2-hunter2")]).unwrap();
-        let debug = format!("{config:?}");
+        let pairs = [
+            ("cluster_secret", "hunter2-hunter2-hunter2"),
+            ("http_token", "swordfish-swordfish"),
+        ];
+        let debug = format!("{:?}", from(&pairs).unwrap());
         assert!(!debug.contains("hunter2"), "{debug}");
-        assert!(debug.contains("<redacted>"));
+        assert!(!debug.contains("swordfish"), "{debug}");
+        assert!(debug.contains("ClusterSecret(<redacted>)"), "{debug}");
+        assert!(debug.contains("HttpToken(<redacted>)"), "{debug}");
+        let debug = format!("{:?}", layer(&pairs));
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("swordfish"),
+            "{debug}"
+        );
     }
 
     #[test]
@@ -1854,9 +2525,463 @@ mod tests {
 
     #[test]
     fn every_key_can_be_set_by_name() {
-        for key in KEYS {
+        for key in keys() {
             assert!(ConfigLayer::default().set(key, "1".into()), "{key}");
         }
         assert!(!ConfigLayer::default().set("nope", "1".into()));
+    }
+
+    #[test]
+    fn bootstrap_keys_default_to_akka_managements_values() {
+        let config = from(&[]).unwrap();
+        assert!(config.contact_points.is_empty());
+        assert_eq!(config.discovery_dns, None);
+        assert_eq!(config.discovery_dns_server, None);
+        assert_eq!(config.contact_point_port, None);
+        assert_eq!(config.required_contact_points, 2);
+        assert_eq!(config.stable_margin, Duration::from_secs(5));
+        assert!(config.form_new_cluster);
+        assert_eq!(config.bootstrap_probe_interval, Duration::from_secs(1));
+        assert_eq!(config.shutdown_after_unsuccessful_join, None);
+    }
+
+    #[test]
+    fn contact_points_are_host_port_lists_from_every_source() {
+        let config = from(&[(
+            "contact_points",
+            "10.0.0.1:8558, node2.local:8559,[::1]:9000",
+        )])
+        .unwrap();
+        assert_eq!(
+            config.contact_points,
+            vec![
+                ContactPoint::new("10.0.0.1", 8558),
+                ContactPoint::new("node2.local", 8559),
+                ContactPoint::new("[::1]", 9000),
+            ]
+        );
+        let shown: Vec<String> = config
+            .contact_points
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(shown, ["10.0.0.1:8558", "node2.local:8559", "[::1]:9000"]);
+        let file = toml_file("contact_points = [\"10.0.0.1:8558\", \"10.0.0.2:8558\"]\n");
+        let config = NodeConfig::load(ConfigLayer::default(), Some(file.path()), env(&[])).unwrap();
+        assert_eq!(config.contact_points.len(), 2);
+        let envs = env(&[("TESSERA_CONTACT_POINTS", "10.0.0.3:8558")]);
+        let config = NodeConfig::load(ConfigLayer::default(), Some(file.path()), envs).unwrap();
+        assert_eq!(
+            config.contact_points,
+            vec!["10.0.0.3:8558".parse().unwrap()]
+        );
+    }
+
+    #[test]
+    fn bad_contact_points_name_the_key() {
+        for bad in [
+            "10.0.0.1",
+            "10.0.0.1:http",
+            "a b:8558",
+            ":8558",
+            "10.0.0.1:0",
+        ] {
+            let err = from(&[("contact_points", bad)]).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ConfigError::InvalidValue {
+                        key: "contact_points",
+                        ..
+                    }
+                ),
+                "{bad}: {err}"
+            );
+            assert!(
+                err.to_string()
+                    .contains("expected host:port of a node's HTTP API"),
+                "{err}"
+            );
+        }
+        assert!("10.0.0.1:0".parse::<ContactPoint>().is_err());
+        let err = ConfigLayer::from_toml("contact_points = 5\n", Path::new("f"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("contact_points"), "{err}");
+    }
+
+    #[test]
+    fn discovery_dns_takes_a_dns_or_srv_name() {
+        for name in [
+            "tessera.default.svc.cluster.local",
+            "_http._tcp.tessera.local",
+            "tessera",
+            "tessera.local.",
+        ] {
+            let config = from(&[("discovery_dns", name)]).unwrap();
+            assert_eq!(config.discovery_dns.as_deref(), Some(name));
+        }
+        let long_label = "a".repeat(64);
+        for bad in [
+            "a b.local",
+            "a..b",
+            ".local",
+            "tessera/x",
+            long_label.as_str(),
+        ] {
+            let err = error(&[("discovery_dns", bad)]);
+            assert!(
+                err.starts_with(&format!(
+                    "invalid value {bad:?} for discovery_dns: expected a DNS name"
+                )),
+                "{err}"
+            );
+        }
+        assert_eq!(from(&[("discovery_dns", "")]).unwrap().discovery_dns, None);
+    }
+
+    #[test]
+    fn dns_server_and_contact_point_port_apply_only_with_discovery_dns() {
+        let config = from(&[
+            ("discovery_dns", "tessera.local"),
+            ("discovery_dns_server", "127.0.0.1:5353"),
+            ("contact_point_port", "8600"),
+        ])
+        .unwrap();
+        assert_eq!(
+            config.discovery_dns_server,
+            Some("127.0.0.1:5353".parse().unwrap())
+        );
+        assert_eq!(config.contact_point_port, Some(8600));
+        let dns = ("discovery_dns", "tessera.local");
+        assert_eq!(
+            from(&[dns, ("discovery_dns_server", "[::1]:53")])
+                .unwrap()
+                .discovery_dns_server,
+            Some("[::1]:53".parse().unwrap())
+        );
+        assert_eq!(
+            error(&[dns, ("discovery_dns_server", "dns.local:53")]),
+            "invalid value \"dns.local:53\" for discovery_dns_server: expected the IP address \
+             and port of a DNS server, like 127.0.0.1:53"
+        );
+        assert_eq!(
+            error(&[dns, ("contact_point_port", "0")]),
+            "contact_point_port = 0: must be between 1 and 65535"
+        );
+        assert_eq!(
+            error(&[dns, ("contact_point_port", "http")]),
+            r#"invalid value "http" for contact_point_port: expected an integer"#
+        );
+        for (key, value) in [
+            ("discovery_dns_server", "127.0.0.1:53"),
+            ("contact_point_port", "8558"),
+        ] {
+            let err = from(&[(key, value)]).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Without { key: k, needs: "discovery_dns", .. } if *k == key),
+                "{err}"
+            );
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "{key} is set without discovery_dns: it only applies to contact points \
+                     found through DNS; set discovery_dns or remove {key}"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn seed_nodes_and_bootstrap_are_two_ways_to_form_a_cluster() {
+        let seeds = ("seed_nodes", "127.0.0.1:25520");
+        let listed = ("contact_points", "127.0.0.1:8558");
+        let dns = ("discovery_dns", "tessera.local");
+        for (pairs, second) in [
+            ([seeds, listed], "contact_points"),
+            ([seeds, dns], "discovery_dns"),
+        ] {
+            let err = from(&pairs).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Exclusive { first: "seed_nodes", second: s, .. } if *s == second),
+                "{err}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.starts_with(&format!(
+                    "seed_nodes and {second} are both set: they are two ways to form a cluster"
+                )),
+                "{msg}"
+            );
+            assert!(msg.ends_with("; pick one"), "{msg}");
+        }
+        let err = from(&[listed, dns]).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::Exclusive {
+                    first: "contact_points",
+                    second: "discovery_dns",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("two sources of contact points"),
+            "{err}"
+        );
+        // An empty list from a higher layer clears the file's seeds.
+        let file = toml_file("seed_nodes = [\"127.0.0.1:25520\"]\n");
+        let envs = env(&[
+            ("TESSERA_SEED_NODES", ""),
+            ("TESSERA_CONTACT_POINTS", "127.0.0.1:8558"),
+        ]);
+        let config = NodeConfig::load(ConfigLayer::default(), Some(file.path()), envs).unwrap();
+        assert!(config.seed_nodes.is_empty());
+        assert_eq!(config.contact_points.len(), 1);
+    }
+
+    #[test]
+    fn bootstrap_numbers_and_timers_are_checked() {
+        let config = from(&[
+            ("required_contact_points", "5"),
+            ("stable_margin", "10s"),
+            ("form_new_cluster", "false"),
+            ("bootstrap_probe_interval", "500ms"),
+            ("shutdown_after_unsuccessful_join", "5m"),
+        ])
+        .unwrap();
+        assert_eq!(config.required_contact_points, 5);
+        assert_eq!(config.stable_margin, Duration::from_secs(10));
+        assert!(!config.form_new_cluster);
+        assert_eq!(config.bootstrap_probe_interval, Duration::from_millis(500));
+        assert_eq!(
+            config.shutdown_after_unsuccessful_join,
+            Some(Duration::from_secs(300))
+        );
+        for (key, value, expected) in [
+            (
+                "required_contact_points",
+                "0",
+                "required_contact_points = 0: must be between 1 and 1000",
+            ),
+            (
+                "required_contact_points",
+                "1001",
+                "required_contact_points = 1001: must be between 1 and 1000",
+            ),
+            (
+                "stable_margin",
+                "0s",
+                "stable_margin = 0s: must be greater than zero",
+            ),
+            (
+                "stable_margin",
+                "5",
+                r#"invalid value "5" for stable_margin: expected a duration like 2s or 500ms"#,
+            ),
+            (
+                "form_new_cluster",
+                "yes",
+                r#"invalid value "yes" for form_new_cluster: expected true or false"#,
+            ),
+            (
+                "bootstrap_probe_interval",
+                "0ms",
+                "bootstrap_probe_interval = 0ms: must be greater than zero",
+            ),
+            (
+                "shutdown_after_unsuccessful_join",
+                "never",
+                "invalid value \"never\" for shutdown_after_unsuccessful_join: expected a \
+                 duration like 2s or 500ms, or off",
+            ),
+        ] {
+            assert_eq!(error(&[(key, value)]), expected);
+        }
+        for off in ["off", "0s", " off "] {
+            let config = from(&[("shutdown_after_unsuccessful_join", off)]).unwrap();
+            assert_eq!(config.shutdown_after_unsuccessful_join, None, "{off:?}");
+        }
+        let file = ConfigLayer::from_toml(
+            "required_contact_points = 3\nform_new_cluster = false\n\
+             shutdown_after_unsuccessful_join = \"30s\"\n",
+            Path::new("f"),
+        )
+        .unwrap();
+        let config = NodeConfig::from_layer(file).unwrap();
+        assert_eq!(config.required_contact_points, 3);
+        assert!(!config.form_new_cluster);
+        assert_eq!(
+            config.shutdown_after_unsuccessful_join,
+            Some(Duration::from_secs(30))
+        );
+    }
+
+    #[test]
+    fn http_limits_default_and_are_checked() {
+        let config = from(&[]).unwrap();
+        assert_eq!(config.http_token, None);
+        assert_eq!(config.http_header_timeout, Duration::from_secs(10));
+        assert_eq!(config.http_request_timeout, Duration::from_secs(30));
+        assert_eq!(config.http_max_concurrent_requests, 4096);
+        assert_eq!(config.http_max_connections, 4096);
+        let config = from(&[
+            ("http_header_timeout", "2s"),
+            ("http_request_timeout", "1m"),
+            ("http_max_concurrent_requests", "1"),
+            ("http_max_connections", "100000"),
+        ])
+        .unwrap();
+        assert_eq!(config.http_header_timeout, Duration::from_secs(2));
+        assert_eq!(config.http_request_timeout, Duration::from_secs(60));
+        assert_eq!(config.http_max_concurrent_requests, 1);
+        assert_eq!(config.http_max_connections, 100_000);
+        for (key, value, expected) in [
+            (
+                "http_header_timeout",
+                "0s",
+                "http_header_timeout = 0s: must be greater than zero",
+            ),
+            (
+                "http_request_timeout",
+                "soon",
+                r#"invalid value "soon" for http_request_timeout: expected a duration like 2s or 500ms"#,
+            ),
+            (
+                "http_max_concurrent_requests",
+                "0",
+                "http_max_concurrent_requests = 0: must be between 1 and 100000",
+            ),
+            (
+                "http_max_connections",
+                "100001",
+                "http_max_connections = 100001: must be between 1 and 100000",
+            ),
+            (
+                "http_max_connections",
+                "many",
+                r#"invalid value "many" for http_max_connections: expected an integer"#,
+            ),
+        ] {
+            assert_eq!(error(&[(key, value)]), expected);
+        }
+    }
+
+    #[test]
+    fn http_token_is_checked_without_being_shown() {
+        for bad in ["", "two words", "line\nbreak"] {
+            let err = from(&[("http_token", bad)]).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ConfigError::InvalidValue {
+                        key: "http_token",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert_eq!(
+                err.to_string(),
+                "invalid value \"<redacted>\" for http_token: expected a non-empty string \
+                 without whitespace or control characters"
+            );
+        }
+        let config = from(&[("http_token", "short")]).unwrap();
+        assert_eq!(config.http_token, Some(HttpToken::new("short")));
+        let warnings = config.warnings();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("http_token is 5 characters long")),
+            "{warnings:?}"
+        );
+        let config = NodeConfig::load(
+            ConfigLayer::default(),
+            None,
+            env(&[("TESSERA_HTTP_TOKEN", "from-the-environment")]),
+        )
+        .unwrap();
+        assert_eq!(config.http_token.unwrap().expose(), "from-the-environment");
+    }
+
+    #[test]
+    fn http_token_file_is_read_and_trimmed() {
+        let file = toml_file("  s3cret-token-from-a-file\n\n");
+        let path = file.path().to_str().unwrap();
+        let config = from(&[("http_token_file", path)]).unwrap();
+        assert_eq!(
+            config.http_token.as_ref().map(HttpToken::expose),
+            Some("s3cret-token-from-a-file")
+        );
+        let config = NodeConfig::load(
+            ConfigLayer::default(),
+            None,
+            env(&[("TESSERA_HTTP_TOKEN_FILE", path)]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.http_token.unwrap().expose(),
+            "s3cret-token-from-a-file"
+        );
+        // A token from a file allows a non-loopback HTTP host.
+        assert!(from(&[("http_token_file", path), ("http_host", "10.0.0.5")]).is_ok());
+    }
+
+    #[test]
+    fn unreadable_or_empty_token_file_is_refused_naming_key_and_path() {
+        let err = from(&[("http_token_file", "/nonexistent/token")]).unwrap_err();
+        assert!(matches!(&err, ConfigError::ReadTokenFile { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot read http_token_file /nonexistent/token: "),
+            "{err}"
+        );
+        let empty = toml_file(" \n");
+        let path = empty.path().to_str().unwrap();
+        let err = error(&[("http_token_file", path)]);
+        assert_eq!(
+            err,
+            format!("http_token_file {path}: the file is empty: it must hold the HTTP API token")
+        );
+        let spaced = toml_file("two words\n");
+        let path = spaced.path().to_str().unwrap();
+        let err = error(&[("http_token_file", path)]);
+        assert!(err.starts_with(&format!(
+            "http_token_file {path}: the token holds whitespace"
+        )));
+        assert!(!err.contains("two words"), "{err}");
+        assert_eq!(
+            error(&[("http_token_file", "")]),
+            r#"invalid value "" for http_token_file: expected a file path"#
+        );
+    }
+
+    #[test]
+    fn http_token_and_token_file_exclude_each_other() {
+        let file = toml_file("token-in-a-file\n");
+        let err = from(&[
+            ("http_token", "token-given-directly"),
+            ("http_token_file", file.path().to_str().unwrap()),
+        ])
+        .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::Exclusive {
+                    first: "http_token",
+                    second: "http_token_file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "http_token and http_token_file are both set: they are two ways to give the same \
+             token; pick one"
+        );
     }
 }

@@ -1,14 +1,24 @@
-//! A minimal HTTP/1.1 client for tessera's own management API on loopback: the demo and the
-//! multi-process tests use it to watch nodes. Not a general-purpose client: it sends one
-//! request per connection and reads a `Content-Length` body.
+//! Requests to tessera's own management API on loopback (over `reqwest`): the demo and the
+//! multi-process tests use them to watch nodes. Not part of the library API (hidden from its
+//! documentation; public only because the integration tests are other crates): programs use
+//! `tessera::client` or any HTTP client.
 
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Largest response accepted (the members list of a large cluster fits easily).
 const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// The bearer token every request of this process sends, if set.
+static TOKEN: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// Makes every later request of this process send `token` (for nodes whose HTTP API is not on
+/// loopback, which require it for reads too).
+pub fn use_token(token: &str) {
+    *TOKEN
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(token.to_string());
+}
 
 /// A request that did not produce a response.
 #[derive(Debug, thiserror::Error)]
@@ -57,55 +67,51 @@ pub async fn request(
     json_body: Option<&str>,
     timeout: Duration,
 ) -> Result<HttpResponse, HttpClientError> {
-    match tokio::time::timeout(timeout, exchange(address, method, path, json_body)).await {
-        Ok(result) => result,
-        Err(_) => Err(HttpClientError::Timeout { address, timeout }),
-    }
-}
-
-async fn exchange(
-    address: SocketAddr,
-    method: &str,
-    path: &str,
-    json_body: Option<&str>,
-) -> Result<HttpResponse, HttpClientError> {
-    let io = |source| HttpClientError::Io { address, source };
-    let malformed = |reason: &str| HttpClientError::Malformed {
+    let io = |reason: String| HttpClientError::Io {
         address,
-        reason: reason.to_string(),
+        source: std::io::Error::other(reason),
     };
-    let mut stream = TcpStream::connect(address).await.map_err(io)?;
-    let body = json_body.unwrap_or("");
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
-    if json_body.is_some() {
-        head.push_str("Content-Type: application/json\r\n");
+    let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| io(e.to_string()))?;
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .map_err(|e| io(e.to_string()))?;
+    let mut request = client.request(method, format!("http://{address}{path}"));
+    let token = TOKEN
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
     }
-    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    stream.write_all(head.as_bytes()).await.map_err(io)?;
-    stream.write_all(body.as_bytes()).await.map_err(io)?;
-    let mut raw = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        let n = stream.read(&mut chunk).await.map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&chunk[..n]);
-        if raw.len() > MAX_RESPONSE_BYTES {
-            return Err(malformed("response larger than 4 MiB"));
-        }
+    if let Some(body) = json_body {
+        request = request
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string());
     }
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| malformed("no end of headers"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| malformed("no status code"))?;
-    Ok(HttpResponse {
-        status,
-        body: body.to_string(),
-    })
+    let response = request.send().await.map_err(|e| {
+        if e.is_timeout() {
+            HttpClientError::Timeout { address, timeout }
+        } else {
+            io(e.to_string())
+        }
+    })?;
+    let status = response.status().as_u16();
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+    {
+        return Err(HttpClientError::Malformed {
+            address,
+            reason: "response larger than 4 MiB".into(),
+        });
+    }
+    let body = response.text().await.map_err(|e| {
+        if e.is_timeout() {
+            HttpClientError::Timeout { address, timeout }
+        } else {
+            io(e.to_string())
+        }
+    })?;
+    Ok(HttpResponse { status, body })
 }

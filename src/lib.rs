@@ -2,11 +2,15 @@
 //! setup. The node wiring plugs the cluster into these; nothing here knows how membership works.
 
 pub mod bench;
+pub mod bootstrap;
 pub mod cli;
+pub mod client;
 pub mod config;
+pub mod dashboard;
 pub mod demo;
 pub mod entities;
 pub mod http;
+#[doc(hidden)]
 pub mod http_client;
 pub mod logging;
 pub mod node;

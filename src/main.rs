@@ -1,5 +1,6 @@
 //! The `tessera` binary: `node` runs a cluster node, `demo` the main job, `bench` benchmarks,
-//! `sharding` maintenance of a stopped node's sharding data.
+//! `sharding` maintenance of a stopped node's sharding data, and the client commands
+//! (`members`, `join`, `leave`, `down`, `shards`, `ddata`, `entity`) talk to a running node.
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -19,6 +20,25 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(run(cli))
+}
+
+/// Runs a client command against a node: its output on stdout, or the error on stderr with
+/// the exit code that names what failed.
+async fn run_client(command: &Command) -> ExitCode {
+    let Some((client_command, args)) = command.client() else {
+        eprintln!("error: not a client command");
+        return ExitCode::from(2);
+    };
+    match tessera::client::run(&client_command, &args.options()).await {
+        Ok(output) => {
+            println!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -144,6 +164,13 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        client @ (Command::Members(_)
+        | Command::Join(_)
+        | Command::Leave(_)
+        | Command::Down(_)
+        | Command::Shards(_)
+        | Command::Ddata(_)
+        | Command::Entity(_)) => run_client(&client).await,
         Command::Bench(BenchCommand::Sharding(args)) => {
             let _ = logging::init(LogFormat::Text, "warn");
             let dir = args.dir.unwrap_or_else(|| {

@@ -419,6 +419,9 @@ async fn spawn_node(links: &Links, i: usize, dir: &Path) -> NodeProcess {
             &dir.join(format!("n{}", i + 1)).display().to_string(),
             "--cluster-secret",
             SECRET,
+            // HTTP binds the namespace's address, not loopback: the node requires a token.
+            "--http-token",
+            SECRET,
             "--entity-ask-timeout",
             "5s",
             // The split-brain resolver must not down the cut-off node during the cut.
@@ -762,6 +765,8 @@ async fn deposits_across_a_real_partition_are_neither_lost_nor_doubled() {
         return;
     }
     remove_stale();
+    // The nodes' HTTP APIs are not on loopback, so they need the token for reads too.
+    http_client::use_token(SECRET);
     let dir = test_dir();
     let mut network = Network::create();
     let links = network.links.clone();

@@ -42,16 +42,22 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-pub fn node_args(port: u16, seed: u16, data: &Path, extra: &[&str]) -> Vec<String> {
+/// A node on `host` with cluster port `port` and HTTP port `http_port` (0: any), its data in
+/// `data`, the tests' cluster secret, then `extra`.
+pub fn base_args(
+    host: &str,
+    port: u16,
+    http_port: u16,
+    data: &Path,
+    extra: &[&str],
+) -> Vec<String> {
     let mut args: Vec<String> = [
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         &port.to_string(),
         "--http-port",
-        "0",
-        "--seed",
-        &format!("127.0.0.1:{seed}"),
+        &http_port.to_string(),
         "--data-dir",
         &data.display().to_string(),
         "--cluster-secret",
@@ -62,6 +68,13 @@ pub fn node_args(port: u16, seed: u16, data: &Path, extra: &[&str]) -> Vec<Strin
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     args
+}
+
+pub fn node_args(port: u16, seed: u16, data: &Path, extra: &[&str]) -> Vec<String> {
+    let seed = format!("127.0.0.1:{seed}");
+    let mut all = vec!["--seed", seed.as_str()];
+    all.extend_from_slice(extra);
+    base_args("127.0.0.1", port, 0, data, &all)
 }
 
 pub async fn wait_views(
