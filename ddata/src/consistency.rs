@@ -36,6 +36,21 @@ pub enum WriteConsistency {
 }
 
 impl ReadConsistency {
+    /// Every [`ReadConsistency::label`], in order.
+    pub const LABELS: [&'static str; 5] = ["local", "from", "majority", "majority_plus", "all"];
+
+    /// The level's name without its numbers (Akka's `ReadLocal`, `ReadFrom`, ...): a metrics
+    /// label, one of [`ReadConsistency::LABELS`].
+    pub fn label(self) -> &'static str {
+        match self {
+            ReadConsistency::Local => "local",
+            ReadConsistency::From(_) => "from",
+            ReadConsistency::Majority { .. } => "majority",
+            ReadConsistency::MajorityPlus { .. } => "majority_plus",
+            ReadConsistency::All => "all",
+        }
+    }
+
     /// Replicas needed, this node included, when `counted` members count (this node
     /// included).
     pub fn required(self, counted: usize) -> usize {
@@ -44,6 +59,21 @@ impl ReadConsistency {
 }
 
 impl WriteConsistency {
+    /// Every [`WriteConsistency::label`], in order.
+    pub const LABELS: [&'static str; 5] = ["local", "to", "majority", "majority_plus", "all"];
+
+    /// The level's name without its numbers (Akka's `WriteLocal`, `WriteTo`, ...): a metrics
+    /// label, one of [`WriteConsistency::LABELS`].
+    pub fn label(self) -> &'static str {
+        match self {
+            WriteConsistency::Local => "local",
+            WriteConsistency::To(_) => "to",
+            WriteConsistency::Majority { .. } => "majority",
+            WriteConsistency::MajorityPlus { .. } => "majority_plus",
+            WriteConsistency::All => "all",
+        }
+    }
+
     /// Replicas needed, this node included, when `counted` members count (this node
     /// included).
     pub fn required(self, counted: usize) -> usize {
@@ -109,6 +139,35 @@ fn required(counted: usize, level: Level) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_level_has_one_of_the_listed_labels() {
+        let reads = [
+            ReadConsistency::Local,
+            ReadConsistency::From(2),
+            ReadConsistency::Majority { min_cap: 0 },
+            ReadConsistency::MajorityPlus {
+                additional: 1,
+                min_cap: 0,
+            },
+            ReadConsistency::All,
+        ];
+        assert_eq!(reads.map(ReadConsistency::label), ReadConsistency::LABELS);
+        let writes = [
+            WriteConsistency::Local,
+            WriteConsistency::To(2),
+            WriteConsistency::Majority { min_cap: 0 },
+            WriteConsistency::MajorityPlus {
+                additional: 1,
+                min_cap: 0,
+            },
+            WriteConsistency::All,
+        ];
+        assert_eq!(
+            writes.map(WriteConsistency::label),
+            WriteConsistency::LABELS
+        );
+    }
 
     #[test]
     fn majority_is_more_than_half_and_honours_min_cap() {

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::transport::{Lane, Transport, TransportError, services};
+use tessera_metrics::LatencyFamily;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Settings of a running Replicator.
@@ -107,6 +108,41 @@ pub struct ReplicatorCounters {
     pub keys: AtomicU64,
 }
 
+/// How long the Replicator's callers wait for its answer, by consistency level (label
+/// `consistency`): from the call on a [`ReplicatorHandle`] to the reply, whatever it says
+/// (a timed-out quorum included); requests refused before reaching the Replicator (a full
+/// queue, a stopped Replicator) are not counted. Clones share their counts.
+#[derive(Clone, Debug)]
+pub struct ReplicatorLatencies {
+    /// `get`, by [`ReadConsistency::label`].
+    pub reads: LatencyFamily,
+    /// `update` and `delete`, by [`WriteConsistency::label`].
+    pub writes: LatencyFamily,
+}
+
+impl Default for ReplicatorLatencies {
+    fn default() -> Self {
+        Self {
+            reads: LatencyFamily::new("consistency", ReadConsistency::LABELS),
+            writes: LatencyFamily::new("consistency", WriteConsistency::LABELS),
+        }
+    }
+}
+
+impl ReplicatorLatencies {
+    fn read(&self, consistency: ReadConsistency, started: Instant) {
+        if let Some(histogram) = self.reads.get(consistency.label()) {
+            histogram.observe_since(started);
+        }
+    }
+
+    fn write(&self, consistency: WriteConsistency, started: Instant) {
+        if let Some(histogram) = self.writes.get(consistency.label()) {
+            histogram.observe_since(started);
+        }
+    }
+}
+
 enum DriverCommand {
     Request(Command, oneshot::Sender<Response>),
     Subscribe {
@@ -123,6 +159,7 @@ pub struct ReplicatorHandle {
     commands: mpsc::Sender<DriverCommand>,
     capacity: usize,
     counters: Arc<ReplicatorCounters>,
+    latencies: ReplicatorLatencies,
 }
 
 impl ReplicatorHandle {
@@ -155,14 +192,16 @@ impl ReplicatorHandle {
         consistency: ReadConsistency,
         timeout: Duration,
     ) -> Result<GetResult, ReplicatorError> {
-        match self
+        let started = Instant::now();
+        let response = self
             .request(Command::Get {
                 key: key.to_string(),
                 consistency,
                 timeout,
             })
-            .await?
-        {
+            .await?;
+        self.latencies.read(consistency, started);
+        match response {
             Response::Get(result) => Ok(result),
             other => Ok(GetResult::Failed(format!("unexpected reply {other:?}"))),
         }
@@ -182,15 +221,17 @@ impl ReplicatorHandle {
         + Send
         + 'static,
     ) -> Result<UpdateResult, ReplicatorError> {
-        match self
+        let started = Instant::now();
+        let response = self
             .request(Command::Update {
                 key: key.to_string(),
                 consistency,
                 timeout,
                 modify: Box::new(modify),
             })
-            .await?
-        {
+            .await?;
+        self.latencies.write(consistency, started);
+        match response {
             Response::Update(result) => Ok(result),
             other => Ok(UpdateResult::Failed(format!("unexpected reply {other:?}"))),
         }
@@ -203,14 +244,16 @@ impl ReplicatorHandle {
         consistency: WriteConsistency,
         timeout: Duration,
     ) -> Result<DeleteResult, ReplicatorError> {
-        match self
+        let started = Instant::now();
+        let response = self
             .request(Command::Delete {
                 key: key.to_string(),
                 consistency,
                 timeout,
             })
-            .await?
-        {
+            .await?;
+        self.latencies.write(consistency, started);
+        match response {
             Response::Delete(result) => Ok(result),
             other => Ok(DeleteResult::Failed(format!("unexpected reply {other:?}"))),
         }
@@ -261,6 +304,12 @@ impl ReplicatorHandle {
     /// The Replicator's counters.
     pub fn counters(&self) -> &ReplicatorCounters {
         &self.counters
+    }
+
+    /// How long its callers waited for gets, updates and deletes. Shared by every clone of
+    /// this handle: the node renders it in `/metrics`.
+    pub fn latencies(&self) -> &ReplicatorLatencies {
+        &self.latencies
     }
 }
 
@@ -379,6 +428,7 @@ pub async fn start<T: Transport>(
         commands,
         capacity: settings.command_queue_capacity,
         counters,
+        latencies: ReplicatorLatencies::default(),
     })
 }
 

@@ -111,6 +111,22 @@ async fn majority_writes_through_one_node_are_read_at_once_on_another() {
     }
     let read = nodes[2].1.get("hits", MAJORITY_R, TIMEOUT).await.unwrap();
     assert_eq!(counter(&read), Some(100));
+    // Each call was timed on the handle it went through, under its consistency level.
+    let writes = tessera_metrics::to_text("writes", &nodes[0].1.latencies().writes);
+    assert!(
+        writes.contains("writes_count{consistency=\"majority\"} 100\n"),
+        "{writes}"
+    );
+    assert!(
+        writes.contains("writes_count{consistency=\"local\"} 0\n"),
+        "{writes}"
+    );
+    let reads = tessera_metrics::to_text("reads", &nodes[2].1.latencies().reads);
+    assert_eq!(tessera_metrics::count_in(&reads, "reads"), 1, "{reads}");
+    assert!(
+        reads.contains("reads_bucket{consistency=\"majority\",le=\"+Inf\"} 1\n"),
+        "{reads}"
+    );
 
     // The subscriber on node 2 ends up with the final value.
     let mut last = None;

@@ -19,7 +19,7 @@ pub mod wire;
 pub mod writers;
 
 pub use journal::{LogInspection, ReplicaView, ReplicatedJournal};
-pub use metrics::{HistogramSnapshot, PersistenceMetrics, PersistenceMetricsSnapshot};
+pub use metrics::{PersistenceMetrics, PersistenceMetricsSnapshot};
 pub use service::ReplicaServiceSettings;
 pub use snapshots::ReplicatedSnapshotStore;
 pub use store::{MemoryReplicaStore, ReplicaStore, RocksReplicaStore, StoreError};

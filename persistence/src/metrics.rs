@@ -1,58 +1,7 @@
-//! Counters of the replicated journal, for `/metrics`.
+//! Counters and the append latency of the replicated journal, for `/metrics`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
-/// Upper bounds (inclusive) of the append latency buckets, in microseconds.
-pub const LATENCY_BUCKETS_US: [u64; 14] = [
-    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 5_000_000,
-];
-
-/// A histogram with fixed buckets (cumulative counts are computed when read).
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
-    overflow: AtomicU64,
-    sum_us: AtomicU64,
-}
-
-/// A histogram as read at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HistogramSnapshot {
-    /// `(upper bound in µs, observations at or below it)`, cumulative.
-    pub buckets: Vec<(u64, u64)>,
-    pub count: u64,
-    pub sum_us: u64,
-}
-
-impl Histogram {
-    pub fn observe(&self, elapsed: Duration) {
-        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-        match LATENCY_BUCKETS_US.iter().position(|bound| us <= *bound) {
-            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
-            None => self.overflow.fetch_add(1, Ordering::Relaxed),
-        };
-    }
-
-    pub fn snapshot(&self) -> HistogramSnapshot {
-        let mut cumulative = 0;
-        let buckets = LATENCY_BUCKETS_US
-            .iter()
-            .zip(&self.buckets)
-            .map(|(bound, count)| {
-                cumulative += count.load(Ordering::Relaxed);
-                (*bound, cumulative)
-            })
-            .collect();
-        HistogramSnapshot {
-            buckets,
-            count: cumulative + self.overflow.load(Ordering::Relaxed),
-            sum_us: self.sum_us.load(Ordering::Relaxed),
-        }
-    }
-}
+use tessera_metrics::LatencyHistogram;
 
 /// What the replicated journal counts.
 #[derive(Debug, Default)]
@@ -75,8 +24,9 @@ pub struct PersistenceMetrics {
     pub reconfigurations: AtomicU64,
     /// Writers live now.
     pub writers: AtomicU64,
-    /// Append latency, from the call to the acknowledgement.
-    pub append_latency: Histogram,
+    /// How long acknowledged appends took, from the call to the write quorum's
+    /// acknowledgement. Shared, not copied into snapshots: the node renders it in `/metrics`.
+    pub append_durations: LatencyHistogram,
 }
 
 impl PersistenceMetrics {
@@ -105,7 +55,6 @@ pub struct PersistenceMetricsSnapshot {
     pub entries_copied: u64,
     pub reconfigurations: u64,
     pub writers: u64,
-    pub append_latency: HistogramSnapshot,
 }
 
 impl PersistenceMetrics {
@@ -120,7 +69,6 @@ impl PersistenceMetrics {
             entries_copied: Self::get(&self.entries_copied),
             reconfigurations: Self::get(&self.reconfigurations),
             writers: Self::get(&self.writers),
-            append_latency: self.append_latency.snapshot(),
         }
     }
 }

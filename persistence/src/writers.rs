@@ -691,7 +691,7 @@ impl Actor {
                 match &outcome {
                     Outcome::Acknowledged => {
                         PersistenceMetrics::incr(&metrics.appends_acknowledged);
-                        metrics.append_latency.observe(started.elapsed());
+                        metrics.append_durations.observe_since(started);
                     }
                     Outcome::NotApplied(NotApplied::Stopped(StopReason::Fenced { .. })) => {
                         PersistenceMetrics::incr(&metrics.appends_not_applied);

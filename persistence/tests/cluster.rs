@@ -153,6 +153,18 @@ async fn events_written_on_one_node_are_recovered_on_another() {
             .await
             .unwrap();
     }
+    // Each acknowledged append was timed, from the call to the write quorum's answer.
+    let appends = &nodes[0].persistence.metrics.append_durations;
+    let text = tessera_metrics::to_text("append_seconds", appends);
+    assert_eq!(
+        tessera_metrics::count_in(&text, "append_seconds"),
+        20,
+        "{text}"
+    );
+    assert!(
+        text.contains("append_seconds_bucket{le=\"+Inf\"} 20\n"),
+        "{text}"
+    );
     // Every replica holds at least the acknowledged prefix of W of them.
     let held = nodes
         .iter()

@@ -4,17 +4,24 @@
 //! implements for the real cluster and the tests implement with a fake. Every error is JSON
 //! `{"error": "..."}` with a fitting status, including axum's own rejections, unknown routes and
 //! wrong methods.
+//!
+//! [`HttpServer`] puts the routes behind a bearer token (`auth.rs`) and serves them under
+//! limits (`server.rs`): header-read and request timeouts, at most so many requests at once
+//! and so many connections, each from [`HttpSettings`].
 
+mod auth;
 pub mod ddata;
 pub mod entities;
 mod health;
 pub mod journal;
 mod members;
 mod metrics;
+mod server;
 pub mod sharding;
 
-pub use members::{MemberView, MembersView};
-pub use metrics::{NodeMetrics, RefusedConnections, ShardingMetrics, render_prometheus};
+pub use members::{JOIN_WAIT_DEFAULT, JOIN_WAIT_MAX, MemberView, MembersView};
+pub use metrics::{Latencies, NodeMetrics, RefusedConnections, ShardingMetrics, render_prometheus};
+pub use server::{HttpServer, HttpSettings, HttpStats, HttpStatsSnapshot};
 
 use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -111,6 +118,16 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// 504 `{"error": message, "outcome": "unknown"}`: the request was sent on (or its handler
+/// cut off) and whether it took effect is not known, as the entities API says it.
+fn outcome_unknown(message: String) -> Response {
+    (
+        StatusCode::GATEWAY_TIMEOUT,
+        Json(serde_json::json!({ "error": message, "outcome": "unknown" })),
+    )
+        .into_response()
+}
+
 impl From<ControlError> for ApiError {
     fn from(err: ControlError) -> Self {
         let status = match err {
@@ -159,8 +176,8 @@ type Control = Arc<dyn ClusterControl>;
 
 /// The management API's routes over `control`, with the node's `services` (Distributed
 /// Data, entities: routers with their own state) merged in under the same error handling and
-/// body limit.
-pub fn router(control: Arc<dyn ClusterControl>, services: Router) -> Router {
+/// body limit, and no token check: see [`HttpServer::router`].
+fn routes(control: Arc<dyn ClusterControl>, services: Router) -> Router {
     Router::new()
         .route("/cluster/members", get(members::list))
         .route("/cluster/members/{address}", put(members::update))
@@ -186,15 +203,22 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then stops accepting and waits
-/// for in-flight requests to finish.
+/// The routes with [`HttpSettings::default`]: no token, so mutating endpoints are open, which
+/// is only sound on loopback. Kept for callers that do not pass settings yet; the node should
+/// use [`HttpServer::router`].
+pub fn router(control: Arc<dyn ClusterControl>, services: Router) -> Router {
+    HttpServer::new(HttpSettings::default()).router(control, services)
+}
+
+/// [`HttpServer::serve`] with the default limits ([`HttpSettings::default`]). Kept for
+/// callers that do not pass settings yet.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
+    HttpServer::new(HttpSettings::default())
+        .serve(listener, router, shutdown)
         .await
 }
 

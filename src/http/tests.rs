@@ -1,17 +1,23 @@
-//! Router tests against a fake cluster: every endpoint, every error code, exact JSON shapes.
+//! Router tests against a fake cluster: every endpoint, every error code, exact JSON shapes;
+//! the bearer token; and the server's limits over real TCP connections.
 
 use super::test_support::{Call, FakeControl, addr};
 use super::*;
 use axum::body::Body;
-use axum::http::{Method, Request, header};
+use axum::http::{HeaderMap, Method, Request, header};
 use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 use tessera_cluster::MemberStatus;
 use tessera_entities::HostStats;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 struct Reply {
     status: StatusCode,
     content_type: String,
+    headers: HeaderMap,
     body: String,
 }
 
@@ -37,25 +43,33 @@ impl Reply {
     }
 }
 
-async fn send(control: &Arc<FakeControl>, method: Method, uri: &str, body: Option<&str>) -> Reply {
+/// A request with an optional JSON body and an optional bearer token.
+fn request(method: Method, uri: &str, body: Option<&str>, token: Option<&str>) -> Request<Body> {
     let mut request = Request::builder().method(method).uri(uri);
     if body.is_some() {
         request = request.header(header::CONTENT_TYPE, "application/json");
     }
-    let request = request
+    if let Some(token) = token {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    request
         .body(Body::from(body.unwrap_or_default().to_string()))
-        .unwrap();
-    send_request(control, request).await
+        .unwrap()
+}
+
+async fn send(control: &Arc<FakeControl>, method: Method, uri: &str, body: Option<&str>) -> Reply {
+    send_request(control, request(method, uri, body, None)).await
 }
 
 async fn send_request(control: &Arc<FakeControl>, request: Request<Body>) -> Reply {
-    let response = router(control.clone(), Router::new())
-        .oneshot(request)
-        .await
-        .unwrap();
+    call(router(control.clone(), Router::new()), request).await
+}
+
+async fn call(router: Router, request: Request<Body>) -> Reply {
+    let response = router.oneshot(request).await.unwrap();
     let status = response.status();
-    let content_type = response
-        .headers()
+    let headers = response.headers().clone();
+    let content_type = headers
         .get(header::CONTENT_TYPE)
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
@@ -65,6 +79,7 @@ async fn send_request(control: &Arc<FakeControl>, request: Request<Body>) -> Rep
     Reply {
         status,
         content_type,
+        headers,
         body: String::from_utf8(bytes.to_vec()).unwrap(),
     }
 }
@@ -235,8 +250,8 @@ async fn oversized_body_is_413() {
 }
 
 #[tokio::test]
-async fn join_reaches_the_cluster() {
-    let control = fake();
+async fn join_answers_with_the_status_reached_once_confirmed() {
+    let control = Arc::new(FakeControl::not_a_member(Some(Duration::from_millis(200))));
     let reply = send(
         &control,
         Method::POST,
@@ -244,9 +259,61 @@ async fn join_reaches_the_cluster() {
         Some(r#"{"address":"127.0.0.1:7000"}"#),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.json(), json!({"message": "joining 127.0.0.1:7000"}));
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(
+        reply.json(),
+        json!({
+            "message": "joined the cluster of 127.0.0.1:7000; this node is up",
+            "status": "up",
+        })
+    );
     assert_eq!(control.calls(), vec![Call::Join(addr("127.0.0.1:7000"))]);
+}
+
+#[tokio::test]
+async fn join_to_its_own_address_forms_a_cluster_and_is_confirmed() {
+    let control = Arc::new(FakeControl::not_a_member(Some(Duration::ZERO)));
+    let reply = send(
+        &control,
+        Method::POST,
+        "/cluster/join",
+        Some(r#"{"address":"127.0.0.1:25520"}"#),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.json()["status"], "up");
+}
+
+#[tokio::test]
+async fn join_not_confirmed_in_time_is_504_with_outcome_unknown() {
+    let control = Arc::new(FakeControl::not_a_member(None));
+    let started = Instant::now();
+    let reply = send(
+        &control,
+        Method::POST,
+        "/cluster/join",
+        Some(r#"{"address":"127.0.0.1:7000", "timeout": "300ms"}"#),
+    )
+    .await;
+    reply.assert_error(
+        StatusCode::GATEWAY_TIMEOUT,
+        "join of 127.0.0.1:7000 sent but not confirmed within 300ms: this node is not a member yet",
+    );
+    assert_eq!(reply.json()["outcome"], "unknown");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(control.calls(), vec![Call::Join(addr("127.0.0.1:7000"))]);
+}
+
+#[tokio::test]
+async fn join_with_invalid_timeout_is_400_and_sends_nothing() {
+    let control = Arc::new(FakeControl::not_a_member(Some(Duration::ZERO)));
+    for timeout in ["0s", "2h", "soon"] {
+        let body = format!(r#"{{"address":"127.0.0.1:7000", "timeout": "{timeout}"}}"#);
+        send(&control, Method::POST, "/cluster/join", Some(&body))
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid timeout");
+    }
+    assert!(control.calls().is_empty());
 }
 
 #[tokio::test]
@@ -413,7 +480,7 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    assert_eq!(names.len(), 44);
+    assert_eq!(names.len(), 58);
     for name in &names {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         assert!(name.starts_with("tessera_"), "{name}");
@@ -422,10 +489,12 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         }
     }
     let samples = text.lines().filter(|l| !l.starts_with('#')).count();
-    // 7 statuses + 3 refusal reasons + 3 append outcomes + 27 single-sample families + the
-    // latency histogram's +Inf bucket, sum and count (no finer buckets without samples); the
-    // entity and sharding families have one sample per entity type, and there are none here.
-    assert_eq!(samples, 7 + 3 + 3 + 27 + 3);
+    // 7 statuses + 3 refusal reasons + 3 append outcomes + 36 single-sample families + 3
+    // histograms (journal appends under two names, fsyncs) and 2 × 5 consistency levels of
+    // ddata reads and writes, each with 16 buckets, +Inf, sum and count; the entity, sharding
+    // and entity ask families have one sample (or histogram) per entity type, none here.
+    let histogram = tessera_metrics::LATENCY_BUCKETS_SECONDS.len() + 3;
+    assert_eq!(samples, 7 + 3 + 3 + 36 + (3 + 2 * 5) * histogram);
 }
 
 #[tokio::test]
@@ -481,8 +550,6 @@ async fn hostile_inputs_get_client_errors_not_panics() {
 
 #[tokio::test]
 async fn serve_answers_over_tcp_and_stops_on_shutdown() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let local = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -506,4 +573,533 @@ async fn serve_answers_over_tcp_and_stops_on_shutdown() {
         .expect("server stops after shutdown")
         .unwrap();
     assert!(result.is_ok());
+}
+
+// --- The bearer token -------------------------------------------------------------------
+
+const TOKEN: &str = "s3cret-token";
+
+fn secured(reads_required: bool) -> HttpServer {
+    HttpServer::new(HttpSettings {
+        token: Some(TOKEN.to_string()),
+        token_required_for_reads: reads_required,
+        ..HttpSettings::default()
+    })
+}
+
+/// A service merged in beside the cluster routes, as the node merges ddata and entities.
+fn poke_service() -> Router {
+    Router::new().route("/test/poke", post(|| async { "poked" }))
+}
+
+impl Reply {
+    /// Asserts a 401 naming `needle`, with a Bearer challenge.
+    fn assert_unauthorized(&self, needle: &str) {
+        self.assert_error(StatusCode::UNAUTHORIZED, needle);
+        let challenge = self.headers[header::WWW_AUTHENTICATE].to_str().unwrap();
+        assert!(challenge.starts_with("Bearer"), "{challenge}");
+    }
+}
+
+#[tokio::test]
+async fn mutations_without_the_right_token_are_401_and_change_nothing() {
+    let control = fake();
+    let server = secured(false);
+    let mutations = [
+        (
+            Method::PUT,
+            "/cluster/members/127.0.0.1:25521",
+            r#"{"operation": "down"}"#,
+        ),
+        (
+            Method::POST,
+            "/cluster/join",
+            r#"{"address": "127.0.0.1:7000"}"#,
+        ),
+        (Method::POST, "/test/poke", "{}"),
+    ];
+    for (method, uri, body) in mutations {
+        for (token, needle) in [
+            (None, "missing bearer token"),
+            (Some("not-the-token"), "wrong bearer token"),
+            (Some(""), "missing bearer token"),
+        ] {
+            let router = server.router(control.clone(), poke_service());
+            let reply = call(router, request(method.clone(), uri, Some(body), token)).await;
+            reply.assert_unauthorized(needle);
+            assert!(!reply.body.contains("not-the-token"), "{}", reply.body);
+        }
+    }
+    assert!(control.calls().is_empty(), "{:?}", control.calls());
+    assert_eq!(server.stats().snapshot().requests_unauthorized_total, 9);
+}
+
+#[tokio::test]
+async fn mutations_with_the_token_reach_the_cluster() {
+    let control = fake();
+    let server = secured(false);
+    let reply = call(
+        server.router(control.clone(), poke_service()),
+        request(
+            Method::PUT,
+            "/cluster/members/127.0.0.1:25521",
+            Some(r#"{"operation": "down"}"#),
+            Some(TOKEN),
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(control.calls(), vec![Call::Down(addr("127.0.0.1:25521"))]);
+    let reply = call(
+        server.router(control.clone(), poke_service()),
+        request(Method::POST, "/test/poke", Some("{}"), Some(TOKEN)),
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (StatusCode::OK, "poked")
+    );
+}
+
+#[tokio::test]
+async fn reads_need_the_token_only_when_required() {
+    let control = fake();
+    let get = |token| request(Method::GET, "/cluster/members", None, token);
+    let open = secured(false);
+    let reply = call(open.router(control.clone(), Router::new()), get(None)).await;
+    assert_eq!(reply.status, StatusCode::OK);
+
+    let closed = secured(true);
+    let router = || closed.router(control.clone(), Router::new());
+    call(router(), get(None))
+        .await
+        .assert_unauthorized("missing bearer token");
+    call(router(), get(Some("nope")))
+        .await
+        .assert_unauthorized("wrong bearer token");
+    assert_eq!(
+        call(router(), get(Some(TOKEN))).await.status,
+        StatusCode::OK
+    );
+    // Unknown routes too: without the token, nothing tells which routes exist.
+    call(router(), request(Method::GET, "/nope", None, None))
+        .await
+        .assert_unauthorized("missing bearer token");
+}
+
+#[tokio::test]
+async fn health_and_seed_nodes_stay_open_whatever_the_token_policy() {
+    let control = fake();
+    let closed = secured(true);
+    for uri in ["/health/alive", "/health/ready"] {
+        let reply = call(
+            closed.router(control.clone(), Router::new()),
+            request(Method::GET, uri, None, None),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK, "{uri}: {}", reply.body);
+    }
+    // Not routed here (Cluster Bootstrap and the dashboard add them), but never refused for a
+    // missing token.
+    for uri in [
+        "/bootstrap/seed-nodes",
+        "/",
+        "/dashboard/app.js",
+        "/dashboard/style.css",
+    ] {
+        let reply = call(
+            closed.router(control.clone(), Router::new()),
+            request(Method::GET, uri, None, None),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{uri}");
+    }
+    // The dashboard's data is not open.
+    call(
+        closed.router(control.clone(), Router::new()),
+        request(Method::GET, "/dashboard/node", None, None),
+    )
+    .await
+    .assert_unauthorized("missing bearer token");
+}
+
+#[tokio::test]
+async fn reads_required_without_a_configured_token_refuse_everything_but_probes() {
+    let control = fake();
+    let server = HttpServer::new(HttpSettings {
+        token_required_for_reads: true,
+        ..HttpSettings::default()
+    });
+    call(
+        server.router(control.clone(), Router::new()),
+        request(Method::GET, "/cluster/members", None, Some("anything")),
+    )
+    .await
+    .assert_unauthorized("no http_token configured");
+    let reply = call(
+        server.router(control.clone(), Router::new()),
+        request(Method::GET, "/health/alive", None, None),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+}
+
+#[test]
+fn settings_debug_never_shows_the_token() {
+    let shown = format!("{:?}", secured(true).settings());
+    assert!(!shown.contains(TOKEN), "{shown}");
+    assert!(shown.contains("<redacted>"), "{shown}");
+}
+
+// --- The server's limits, over TCP ------------------------------------------------------
+
+/// A server on an ephemeral loopback port, stopped by [`Running::stop`].
+struct Running {
+    address: SocketAddr,
+    stats: Arc<HttpStats>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn start(settings: HttpSettings, services: Router) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = HttpServer::new(settings);
+    let stats = server.stats();
+    let router = server.router(fake(), services);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(listener, router, async {
+        let _ = stopped.await;
+    }));
+    Running {
+        address,
+        stats,
+        stop,
+        task,
+    }
+}
+
+impl Running {
+    async fn get(&self, path: &str) -> crate::http_client::HttpResponse {
+        crate::http_client::get(self.address, path, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// Signals shutdown and waits for `serve` to return Ok.
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("server stops after shutdown")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// Waits, within a generous bound, until `condition` holds.
+async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Routes whose handler is held until the test releases it: `/test/held` (announces itself on
+/// `entered`, answers "released" once a permit is added to `release`) and `/test/hang` (never
+/// answers).
+struct Gate {
+    entered: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Self {
+            entered: Arc::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+
+    fn routes(&self) -> Router {
+        let (entered, release) = (self.entered.clone(), self.release.clone());
+        Router::new()
+            .route(
+                "/test/held",
+                get(move || {
+                    let (entered, release) = (entered.clone(), release.clone());
+                    async move {
+                        entered.notify_one();
+                        let _permit = release.acquire().await.unwrap();
+                        "released"
+                    }
+                }),
+            )
+            .route("/test/hang", get(std::future::pending::<&'static str>))
+    }
+
+    async fn wait_entered(&self) {
+        tokio::time::timeout(Duration::from_secs(10), self.entered.notified())
+            .await
+            .expect("the held request reached its handler");
+    }
+}
+
+#[tokio::test]
+async fn a_client_sending_headers_one_byte_per_second_is_cut_off_while_others_are_served() {
+    let server = start(
+        HttpSettings {
+            header_timeout: Duration::from_secs(1),
+            ..HttpSettings::default()
+        },
+        Router::new(),
+    )
+    .await;
+    let (mut reader, mut writer) = TcpStream::connect(server.address)
+        .await
+        .unwrap()
+        .into_split();
+    writer
+        .write_all(b"GET /health/alive HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        for byte in b"Host: slow.example\r\nX-Slow: one-byte-per-second\r\n\r\n" {
+            if writer.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+
+    // Another client is served meanwhile.
+    assert_eq!(server.get("/health/alive").await.status, 200);
+
+    // The slow one is disconnected long before its ~50 s of headers end: EOF or a reset,
+    // never an answer to its request.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), reader.read_to_end(&mut answer))
+        .await
+        .expect("the slow client is disconnected after the header timeout");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.contains("200 OK"), "{read:?} {answer}");
+    trickle.abort();
+    assert_eq!(server.stats.snapshot().header_timeouts_total, 1);
+    assert_eq!(server.get("/health/alive").await.status, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_limit_get_503_and_are_closed_until_one_closes() {
+    let server = start(
+        HttpSettings {
+            max_connections: 2,
+            header_timeout: Duration::from_secs(60),
+            ..HttpSettings::default()
+        },
+        Router::new(),
+    )
+    .await;
+    let idle_1 = TcpStream::connect(server.address).await.unwrap();
+    let _idle_2 = TcpStream::connect(server.address).await.unwrap();
+    let stats = server.stats.clone();
+    eventually("two open connections", async || {
+        stats.snapshot().connections_open == 2
+    })
+    .await;
+
+    let mut third = TcpStream::connect(server.address).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), third.read_to_string(&mut answer))
+        .await
+        .expect("the third connection is closed at once")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.ends_with(r#"{"error":"too many connections (limit 2); retry later"}"#),
+        "{answer}"
+    );
+    assert_eq!(stats.snapshot().connections_refused_total, 1);
+    assert_eq!(stats.snapshot().connections_open, 2);
+
+    drop(idle_1);
+    let address = server.address;
+    eventually("a connection served after one closed", async || {
+        crate::http_client::get(address, "/health/alive", Duration::from_secs(5))
+            .await
+            .is_ok_and(|reply| reply.status == 200)
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn requests_beyond_the_concurrency_limit_are_503_at_once_and_probes_still_answer() {
+    let gate = Gate::new();
+    let server = start(
+        HttpSettings {
+            max_concurrent_requests: 1,
+            ..HttpSettings::default()
+        },
+        gate.routes(),
+    )
+    .await;
+    let address = server.address;
+    let held = tokio::spawn(crate::http_client::get(
+        address,
+        "/test/held",
+        Duration::from_secs(20),
+    ));
+    gate.wait_entered().await;
+
+    let shed = server.get("/cluster/members").await;
+    assert_eq!(shed.status, 503, "{}", shed.body);
+    let error = shed.json().unwrap()["error"].as_str().unwrap().to_string();
+    assert!(
+        error.contains("too many requests in flight (limit 1)"),
+        "{error}"
+    );
+    assert_eq!(server.get("/health/alive").await.status, 200);
+
+    gate.release.add_permits(1);
+    let held = held.await.unwrap().unwrap();
+    assert_eq!((held.status, held.body.as_str()), (200, "released"));
+    assert_eq!(server.get("/cluster/members").await.status, 200);
+    assert_eq!(server.stats.snapshot().requests_shed_total, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_beyond_the_request_timeout_is_504_naming_it() {
+    let gate = Gate::new();
+    let server = start(
+        HttpSettings {
+            request_timeout: Duration::from_secs(1),
+            ..HttpSettings::default()
+        },
+        gate.routes(),
+    )
+    .await;
+    let reply = server.get("/test/hang").await;
+    assert_eq!(reply.status, 504, "{}", reply.body);
+    let body = reply.json().unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("request timed out after 1s (http_request_timeout)"),
+        "{body}"
+    );
+    assert_eq!(body["outcome"], "unknown");
+    assert_eq!(server.stats.snapshot().requests_timed_out_total, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_streamed_response_outlives_the_header_and_request_timeouts() {
+    /// Three chunks, 700 ms apart: 2.1 s of body, past both 1 s timeouts.
+    async fn slow_stream() -> Body {
+        Body::from_stream(futures::stream::unfold(0, |n| async move {
+            if n == 3 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            Some((
+                Ok::<_, std::convert::Infallible>(format!("chunk{n};")),
+                n + 1,
+            ))
+        }))
+    }
+    let services = Router::new().route("/test/stream", get(slow_stream));
+    let server = start(
+        HttpSettings {
+            header_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            ..HttpSettings::default()
+        },
+        services,
+    )
+    .await;
+    let reply = server.get("/test/stream").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for chunk in ["chunk0;", "chunk1;", "chunk2;"] {
+        assert!(reply.body.contains(chunk), "{}", reply.body);
+    }
+    let stats = server.stats.snapshot();
+    assert_eq!(
+        (stats.header_timeouts_total, stats.requests_timed_out_total),
+        (0, 0)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_lets_the_request_in_flight_finish() {
+    let gate = Gate::new();
+    let server = start(HttpSettings::default(), gate.routes()).await;
+    let address = server.address;
+    let idle = TcpStream::connect(address).await.unwrap();
+    let held = tokio::spawn(crate::http_client::get(
+        address,
+        "/test/held",
+        Duration::from_secs(20),
+    ));
+    gate.wait_entered().await;
+
+    let Running {
+        stop, task, stats, ..
+    } = server;
+    stop.send(()).unwrap();
+    // The idle connection is closed at once; the held request still runs.
+    eventually("the idle connection closed", async || {
+        stats.snapshot().connections_open == 1
+    })
+    .await;
+    assert!(!held.is_finished());
+    gate.release.add_permits(1);
+    let held = held.await.unwrap().unwrap();
+    assert_eq!((held.status, held.body.as_str()), (200, "released"));
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("serve returns once the last request finished")
+        .unwrap()
+        .unwrap();
+    assert!(TcpStream::connect(address).await.is_err());
+    drop(idle);
+}
+
+#[tokio::test]
+async fn serve_refuses_limits_of_zero() {
+    for (settings, key) in [
+        (
+            HttpSettings {
+                max_connections: 0,
+                ..HttpSettings::default()
+            },
+            "http_max_connections",
+        ),
+        (
+            HttpSettings {
+                max_concurrent_requests: 0,
+                ..HttpSettings::default()
+            },
+            "http_max_concurrent_requests",
+        ),
+        (
+            HttpSettings {
+                header_timeout: Duration::ZERO,
+                ..HttpSettings::default()
+            },
+            "http_header_timeout",
+        ),
+    ] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let err = HttpServer::new(settings)
+            .serve(listener, Router::new(), std::future::pending())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().starts_with(key), "{err}");
+    }
 }

@@ -20,6 +20,7 @@ use keys::{CF_EVENTS, CF_META, CF_TAG_INDEX};
 use rocksdb::{BlockBasedOptions, ColumnFamilyDescriptor, DB, Options, SliceTransform};
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
+use tessera_metrics::LatencyHistogram;
 use tessera_replication::{ConfigAt, Request, Response};
 use tessera_storage::{self as storage, FORMAT_VERSION_KEY, MAX_NAME_BYTES, name_excerpt};
 use tokio::sync::{oneshot, watch};
@@ -51,6 +52,8 @@ pub const STORE_FORMAT_VERSION: u32 = 5;
 pub(crate) struct Shared {
     pub db: DB,
     pub config: JournalConfig,
+    /// Each synced write of the writer thread: see [`RocksJournal::fsync_durations`].
+    pub fsync_durations: LatencyHistogram,
 }
 
 impl Shared {
@@ -149,7 +152,11 @@ impl RocksJournal {
         )?;
         let (options, cfs) = rocksdb_options(&config);
         let db = DB::open_cf_descriptors(&options, &config.path, cfs)?;
-        let shared = Arc::new(Shared { db, config });
+        let shared = Arc::new(Shared {
+            db,
+            config,
+            fsync_durations: LatencyHistogram::default(),
+        });
         // An older store is marked with this release's format before anything is written to
         // it: from now on it gets log records and event records that older releases cannot
         // handle, and they refuse the store for its marker.
@@ -177,6 +184,13 @@ impl RocksJournal {
     /// node that comes back with an empty directory is another replica.
     pub fn storage_id(&self) -> u64 {
         self.storage_id
+    }
+
+    /// How long each synced write of the writer thread took: one WAL write and its fsync per
+    /// group commit, under `FsyncPolicy::Always` (under `Never` nothing is synced, and nothing
+    /// is counted). Shared: the node renders it in `/metrics`.
+    pub fn fsync_durations(&self) -> &LatencyHistogram {
+        &self.shared.fsync_durations
     }
 
     /// Applies a request of the replicated log protocol to this store's replica of a log:

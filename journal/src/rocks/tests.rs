@@ -97,3 +97,47 @@ async fn index_and_filter_blocks_of_event_tables_stay_out_of_the_block_cache() {
     );
     journal.close().await;
 }
+
+fn one_event_write(persistence_id: &str, sequence_nr: u64) -> AtomicWrite {
+    AtomicWrite {
+        persistence_id: persistence_id.into(),
+        writer_id: "writer".into(),
+        events: vec![NewEvent {
+            sequence_nr,
+            timestamp_ms: 0,
+            manifest: Manifest::new("test.Event", 1),
+            payload: vec![1, 2, 3].into(),
+            tags: Vec::new(),
+        }],
+    }
+}
+
+#[tokio::test]
+async fn each_synced_group_commit_is_timed_and_unsynced_ones_are_not() {
+    const NAME: &str = "fsync_seconds";
+    let dir = tempfile::tempdir().unwrap();
+    let synced = RocksJournal::open(JournalConfig::new(dir.path().join("synced")))
+        .await
+        .unwrap();
+    for sequence_nr in 1..=3 {
+        synced
+            .append(one_event_write("log", sequence_nr))
+            .await
+            .unwrap();
+    }
+    let text = tessera_metrics::to_text(NAME, synced.fsync_durations());
+    // One group commit per append: each waited for the one before.
+    assert_eq!(tessera_metrics::count_in(&text, NAME), 3, "{text}");
+    assert!(
+        text.contains(&format!("{NAME}_bucket{{le=\"+Inf\"}} 3\n")),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{NAME}_sum ")), "{text}");
+
+    let mut config = JournalConfig::new(dir.path().join("unsynced"));
+    config.fsync = FsyncPolicy::Never;
+    let unsynced = RocksJournal::open(config).await.unwrap();
+    unsynced.append(one_event_write("log", 1)).await.unwrap();
+    let text = tessera_metrics::to_text(NAME, unsynced.fsync_durations());
+    assert_eq!(tessera_metrics::count_in(&text, NAME), 0, "{text}");
+}

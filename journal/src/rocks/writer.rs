@@ -449,7 +449,12 @@ impl Writer {
                 }
             }
         }
-        match self.shared.db.write_opt(batch, &self.durable) {
+        let started = Instant::now();
+        let written = self.shared.db.write_opt(batch, &self.durable);
+        if self.shared.config.fsync == FsyncPolicy::Always {
+            self.shared.fsync_durations.observe_since(started);
+        }
+        match written {
             Ok(()) => {
                 self.apply(staged);
                 self.commits.send_modify(|n| *n += 1);
