@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building tessera needs beyond rustup, when it is missing:
 #   - a C/C++ toolchain and libclang (the rocksdb crate compiles RocksDB and runs bindgen).
+#   - Debian's chromium and chromium-driver for the dashboard's browser test (optional: where
+#     they cannot be installed this only says so, and the test skips).
 # Sourced by scripts/demo and scripts/test. Prints the exact command to run where it cannot
 # install by itself (not root and no password-less sudo, or no apt-get).
 set -euo pipefail
@@ -47,5 +49,26 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "error: cannot install as a regular user without password-less sudo. Run:" >&2
     echo "  sudo sh -c '$install_cmd'" >&2
     exit 1
+  fi
+fi
+
+# Debian's Chromium and ChromeDriver, for the dashboard's browser test
+# (tests/dashboard_browser.rs). Not needed to build: where they cannot be installed the test
+# says why and skips, so a failure here only warns.
+browser_missing=()
+command -v chromium >/dev/null 2>&1 || browser_missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || browser_missing+=(chromium-driver)
+
+if [ ${#browser_missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  browser_cmd="apt-get update && apt-get install -y ${browser_missing[*]}"
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "tessera: installing the browser test's dependencies: ${browser_missing[*]}" >&2
+    sh -c "$browser_cmd" >&2 || echo "warning: could not install ${browser_missing[*]}; the browser test will skip" >&2
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    echo "tessera: installing the browser test's dependencies: ${browser_missing[*]}" >&2
+    sudo sh -c "$browser_cmd" >&2 || echo "warning: could not install ${browser_missing[*]}; the browser test will skip" >&2
+  else
+    echo "note: the dashboard's browser test skips without ${browser_missing[*]}; to run it:" >&2
+    echo "  sudo sh -c '$browser_cmd'" >&2
   fi
 fi
