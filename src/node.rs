@@ -2,6 +2,7 @@
 //! journal and snapshot store in `data_dir`, and the HTTP API, wired from a [`NodeConfig`],
 //! running until a signal or the cluster ends its membership.
 
+use crate::bootstrap::{BootstrapConfig, Discovery, JoiningVia};
 use crate::config::{DowningStrategy, NodeConfig, RememberEntities, StateStoreMode};
 use crate::entities::account::Account;
 use crate::entities::{EntityTypes, JsonShardHost};
@@ -15,6 +16,7 @@ use futures::future::BoxFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera_cluster::bootstrap::BootstrapSettings;
 use tessera_cluster::core::{ClusterCoreConfig, DowningConfig, StopReason};
 use tessera_cluster::failure_detector::FailureDetectorConfig;
 use tessera_cluster::heartbeat::HeartbeatConfig;
@@ -38,6 +40,7 @@ use tessera_ddata::replicator::ReplicatorConfig;
 use tessera_entities::{EntityConfig, EntityHost, InvalidConfig};
 use tessera_entities::{EntityLifecycle, EntityType};
 use tessera_journal::{FsyncPolicy, JournalConfig, JournalError, RocksJournal};
+use tessera_metrics::LatencyFamily;
 use tessera_persistence::{Persistence, PersistenceSettings, RocksReplicaStore};
 use tessera_replication::{QuorumError, Quorums};
 use tessera_snapshot::{RocksSnapshotStore, SnapshotConfig, SnapshotError};
@@ -61,6 +64,39 @@ pub const CLUSTER_STATE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Exit status of a node that was downed (by an operator or the split-brain resolver), so
 /// that a supervisor can tell it from a clean leave (0).
 pub const EXIT_CODE_DOWNED: u8 = 3;
+
+/// Exit status of a node that gave up joining a cluster (`shutdown_after_unsuccessful_join`),
+/// so that a supervisor restarts it.
+pub const EXIT_CODE_BOOTSTRAP_FAILED: u8 = 4;
+
+/// The Cluster Bootstrap settings a node configuration implies; None when it has neither
+/// contact points nor a discovery name (then it joins through its seed nodes, if any).
+/// `http_port` is this node's real HTTP port, the default port of contact points from DNS.
+pub fn bootstrap_config(config: &NodeConfig, http_port: u16) -> Option<BootstrapConfig> {
+    let discovery = if let Some(name) = &config.discovery_dns {
+        Discovery::Dns {
+            name: name.clone(),
+            server: config.discovery_dns_server,
+            port: config.contact_point_port.unwrap_or(http_port),
+        }
+    } else if !config.contact_points.is_empty() {
+        Discovery::Static(config.contact_points.clone())
+    } else {
+        return None;
+    };
+    Some(BootstrapConfig {
+        discovery,
+        settings: BootstrapSettings {
+            required_contact_points: config.required_contact_points as usize,
+            stable_margin: config.stable_margin,
+            form_new_cluster: config.form_new_cluster,
+            // A probe round is at most an interval of probing plus an interval of waiting.
+            answer_max_age: config.bootstrap_probe_interval * 2,
+        },
+        probe_interval: config.bootstrap_probe_interval,
+        shutdown_after_unsuccessful_join: config.shutdown_after_unsuccessful_join,
+    })
+}
 
 /// Failure to start a node.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +134,8 @@ pub struct RunningNode {
     pub replicator: ReplicatorHandle,
     /// Where the HTTP API listens (the real port when 0 was configured).
     pub http_address: SocketAddr,
+    /// What Cluster Bootstrap is joining through, shown to other bootstrapping nodes.
+    pub joining_via: JoiningVia,
     /// The entity types this node hosts.
     pub entities: Arc<EntityTypes>,
     /// The replicated journal and snapshot store the entities use.
@@ -348,6 +386,19 @@ async fn open_stores(
     Ok((Arc::new(journal), Arc::new(snapshots)))
 }
 
+/// The management API's settings a node configuration implies: the token, needed for reads
+/// too when the API is reachable from other hosts, and the limits.
+pub fn http_settings(config: &NodeConfig) -> http::HttpSettings {
+    http::HttpSettings {
+        token: config.http_token.as_ref().map(|t| t.expose().to_string()),
+        token_required_for_reads: !crate::config::is_loopback(&config.http_host),
+        header_timeout: config.http_header_timeout,
+        request_timeout: config.http_request_timeout,
+        max_concurrent_requests: config.http_max_concurrent_requests as usize,
+        max_connections: config.http_max_connections as usize,
+    }
+}
+
 /// The transport settings a node configuration implies.
 pub fn transport_config(config: &NodeConfig) -> TransportConfig {
     TransportConfig {
@@ -479,6 +530,8 @@ pub(crate) async fn start_with_fsync(
             address: http_bind,
             source,
         })?;
+    let http_server = http::HttpServer::new(http_settings(config));
+    let entity_asks = LatencyFamily::new("type", sharding.type_names());
     let control = Arc::new(NodeControl {
         cluster: cluster.clone(),
         transport: transport.clone(),
@@ -486,22 +539,38 @@ pub(crate) async fn start_with_fsync(
         entities: entities.clone(),
         persistence: persistence.clone(),
         sharding: sharding.clone(),
+        http_stats: http_server.stats(),
+        journal: journal.clone(),
+        entity_asks: entity_asks.clone(),
     });
     let sharded = Arc::new(ShardedEntities {
         sharding: sharding.clone(),
         cluster: cluster.clone(),
+        ask_durations: entity_asks,
     });
     let (http_shutdown, mut shutdown_rx) = watch::channel(false);
+    let joining_via = JoiningVia::default();
     let services = http::ddata::router(replicator.clone())
         .merge(http::entities::router(sharded.clone()))
         .merge(http::sharding::router(sharded))
-        .merge(http::journal::router(persistence.journal.clone()));
-    let router = http::router(control, services);
+        .merge(http::journal::router(persistence.journal.clone()))
+        .merge(crate::bootstrap::router(
+            cluster.watch(),
+            cluster.self_node().address.clone(),
+            joining_via.clone(),
+        ))
+        .merge(crate::dashboard::router(
+            &cluster,
+            &replicator,
+            &sharding,
+            shutdown_rx.clone(),
+        ));
+    let router = http_server.router(control, services);
     let http_task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = shutdown_rx.wait_for(|stop| *stop).await;
         };
-        if let Err(e) = http::serve(listener, router, shutdown).await {
+        if let Err(e) = http_server.serve(listener, router, shutdown).await {
             tracing::error!(error = %e, "HTTP API stopped");
         }
     });
@@ -510,6 +579,7 @@ pub(crate) async fn start_with_fsync(
         transport,
         replicator,
         http_address,
+        joining_via,
         entities,
         persistence,
         sharding,
@@ -545,6 +615,8 @@ fn entity_notes(
 struct ShardedEntities {
     sharding: Arc<Sharding<TcpTransport>>,
     cluster: ClusterHandle,
+    /// How long asks of each sharded type took, for `/metrics`.
+    ask_durations: LatencyFamily,
 }
 
 impl EntityBackend for ShardedEntities {
@@ -555,13 +627,20 @@ impl EntityBackend for ShardedEntities {
         command: serde_json::Value,
     ) -> BoxFuture<'static, Result<serde_json::Value, CommandError>> {
         let sharding = self.sharding.clone();
+        // None for a type that is not sharded here: it is refused, and adds no series.
+        let ask_duration = self.ask_durations.get(entity_type).cloned();
         let entity_type = entity_type.to_string();
         let id = id.to_string();
         async move {
+            let started = std::time::Instant::now();
             let payload = serde_json::to_vec(&command).map_err(|e| {
                 CommandError::from(crate::http::ApiError::bad_request(e.to_string()))
             })?;
-            let reply = sharding.ask(&entity_type, &id, payload).await?;
+            let reply = sharding.ask(&entity_type, &id, payload).await;
+            if let Some(histogram) = ask_duration {
+                histogram.observe_since(started);
+            }
+            let reply = reply?;
             serde_json::from_slice(&reply).map_err(|e| CommandError {
                 status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                 message: format!("the entity's reply is not JSON: {e}"),
@@ -659,6 +738,37 @@ pub async fn run(config: NodeConfig) -> u8 {
         "node started"
     );
     let cluster = node.cluster.clone();
+    let bootstrap = match bootstrap_config(&config, node.http_address.port()) {
+        Some(bootstrap) => {
+            tracing::info!(discovery = ?bootstrap.discovery, "bootstrap: looking for a cluster to join or form");
+            Some(tokio::spawn(crate::bootstrap::run(
+                bootstrap,
+                cluster.clone(),
+                node.joining_via.clone(),
+            )))
+        }
+        None => {
+            if config.seed_nodes.is_empty() {
+                tracing::warn!(
+                    "no seed nodes and no contact points: this node waits to be joined. To form \
+                     or join a cluster, give every node the same --contact-point HOST:HTTP_PORT \
+                     list (or --discovery-dns NAME) for Cluster Bootstrap, or --seed HOST:PORT; \
+                     or ask it with POST /cluster/join (tessera join ADDRESS)"
+                );
+            }
+            None
+        }
+    };
+    // Resolves only when bootstrapping ended without this node becoming a member.
+    let bootstrap_failed = async move {
+        match bootstrap {
+            Some(task) => match task.await {
+                Ok(Err(e)) => e,
+                _ => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    };
     let reason = tokio::select! {
         signal = shutdown_signal() => {
             tracing::info!(signal, "shutting down: leaving the cluster");
@@ -667,6 +777,12 @@ pub async fn run(config: NodeConfig) -> u8 {
         reason = cluster.stopped() => {
             node.stop().await;
             reason
+        }
+        error = bootstrap_failed => {
+            tracing::error!(error = %error, "bootstrap failed; shutting down");
+            eprintln!("error: {error}");
+            node.kill().await;
+            return EXIT_CODE_BOOTSTRAP_FAILED;
         }
     };
     match reason {
@@ -704,6 +820,11 @@ struct NodeControl {
     entities: Arc<EntityTypes>,
     persistence: Arc<Persistence>,
     sharding: Arc<Sharding<TcpTransport>>,
+    http_stats: Arc<http::HttpStats>,
+    /// The local journal, for its fsync durations.
+    journal: Arc<RocksJournal>,
+    /// The entity ask durations [`ShardedEntities`] records.
+    entity_asks: LatencyFamily,
 }
 
 impl NodeControl {
@@ -822,6 +943,15 @@ impl ClusterControl for NodeControl {
             responses_wrong_peer_total: transport.responses_wrong_peer,
             journal: self.persistence.metrics.snapshot(),
             sharding: self.sharding_metrics(),
+            transport_peers: transport.peers,
+            sends_refused_too_many_peers_total: transport.send_dropped_too_many_peers,
+            http: self.http_stats.snapshot(),
+            latencies: http::Latencies {
+                entity_asks: self.entity_asks.clone(),
+                journal_appends: self.persistence.metrics.append_durations.clone(),
+                journal_fsyncs: self.journal.fsync_durations().clone(),
+                ddata: self.replicator.latencies().clone(),
+            },
         }
     }
 }
