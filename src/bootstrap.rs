@@ -61,6 +61,8 @@ pub enum BootstrapError {
     Resolver(String),
     #[error("the cluster node stopped while bootstrapping")]
     ClusterStopped,
+    #[error("the bootstrap task failed: {0}")]
+    Crashed(String),
 }
 
 /// The answer of `GET /bootstrap/seed-nodes`.
@@ -128,10 +130,19 @@ pub fn seed_nodes_answer(
     } else {
         Vec::new()
     };
-    let joining_via = if snapshot.self_status.is_none() {
-        joining_via.get().iter().map(Address::to_string).collect()
-    } else {
-        Vec::new()
+    let joining_via = match snapshot.self_status {
+        Some(MemberStatus::Up | MemberStatus::WeaklyUp) => Vec::new(),
+        // Let in but not Up yet (or on its way out): it is in a cluster all the same, and
+        // must not look like a node that knows of none, or a restarted lowest node could
+        // form a second cluster meanwhile.
+        Some(_) => snapshot
+            .members
+            .iter()
+            .filter(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
+            .filter(|m| &m.unique_address.address != self_address)
+            .map(|m| m.unique_address.address.to_string())
+            .collect(),
+        None => joining_via.get().iter().map(Address::to_string).collect(),
     };
     SeedNodesAnswer {
         self_node: self_address.to_string(),
@@ -174,6 +185,9 @@ async fn seed_nodes(State(state): State<SeedNodesState>) -> axum::Json<SeedNodes
 
 /// Largest probe answer read (a thousand members fit easily).
 const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+
+/// Most contact points probed (a DNS answer can list any number).
+const MAX_CONTACT_POINTS: usize = 256;
 
 /// Finds contact points.
 enum Discoverer {
@@ -238,14 +252,28 @@ impl Discoverer {
                         .srv_lookup(name.as_str())
                         .await
                         .map_err(|e| format!("SRV lookup of {name}: {e}"))?;
-                    for srv in records.iter() {
-                        let target = srv.target().to_utf8();
-                        let ips = resolver
-                            .lookup_ip(target.as_str())
-                            .await
-                            .map_err(|e| format!("address lookup of {target}: {e}"))?;
-                        for ip in ips.iter() {
-                            found.insert(contact_point(ip, srv.port()));
+                    // Targets are looked up together, and one that does not resolve (a pod
+                    // going away) is skipped, not allowed to hide the others.
+                    let targets: Vec<(String, u16)> = records
+                        .iter()
+                        .take(MAX_CONTACT_POINTS)
+                        .map(|srv| (srv.target().to_utf8(), srv.port()))
+                        .collect();
+                    let lookups = futures::future::join_all(
+                        targets
+                            .iter()
+                            .map(|(target, _)| resolver.lookup_ip(target.as_str())),
+                    )
+                    .await;
+                    for ((target, port), ips) in targets.iter().zip(lookups) {
+                        match ips {
+                            Ok(ips) => {
+                                for ip in ips.iter() {
+                                    found.insert(contact_point(ip, *port));
+                                }
+                            }
+                            Err(e) => tracing::debug!(%target, error = %e,
+                                "bootstrap: SRV target does not resolve; skipped"),
                         }
                     }
                 } else {
@@ -253,7 +281,7 @@ impl Discoverer {
                         .lookup_ip(name.as_str())
                         .await
                         .map_err(|e| format!("address lookup of {name}: {e}"))?;
-                    for ip in ips.iter() {
+                    for ip in ips.iter().take(MAX_CONTACT_POINTS) {
                         found.insert(contact_point(ip, *port));
                     }
                 }
@@ -294,11 +322,16 @@ async fn probe(
             "{url}: answer larger than {MAX_ANSWER_BYTES} bytes"
         ));
     }
-    let body = response.bytes().await.map_err(|e| format!("{url}: {e}"))?;
-    if body.len() > MAX_ANSWER_BYTES {
-        return Err(format!(
-            "{url}: answer larger than {MAX_ANSWER_BYTES} bytes"
-        ));
+    // Read in chunks: a chunked answer has no length to check up front.
+    let mut response = response;
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "{url}: answer larger than {MAX_ANSWER_BYTES} bytes"
+            ));
+        }
+        body.extend_from_slice(&chunk);
     }
     let answer: SeedNodesAnswer = serde_json::from_slice(&body)
         .map_err(|e| format!("{url}: not a seed-nodes answer: {e}"))?;
@@ -333,8 +366,11 @@ pub async fn run(
     joining_via: JoiningVia,
 ) -> Result<(), BootstrapError> {
     let discoverer = Discoverer::new(&config.discovery)?;
+    // Probes go straight to the contact points: a proxy from the environment would answer
+    // for them (or not at all) and no cluster would form.
     let client = reqwest::Client::builder()
         .connect_timeout(config.probe_interval)
+        .no_proxy()
         .build()
         .map_err(|e| BootstrapError::Resolver(format!("HTTP client: {e}")))?;
     let self_address = cluster.self_node().address.clone();
@@ -465,9 +501,15 @@ mod tests {
             answer.joining_via.is_empty(),
             "a member offers its members only"
         );
+        // Let in but not Up: no seeds offered, but its cluster's members passed on, so that
+        // nobody takes it for a node that knows of no cluster.
         snapshot.self_status = Some(MemberStatus::Joining);
         let answer = seed_nodes_answer(&snapshot, &self_address, &joining);
-        assert!(answer.seed_nodes.is_empty() && answer.joining_via.is_empty());
+        assert!(answer.seed_nodes.is_empty());
+        assert_eq!(
+            answer.joining_via,
+            ["127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]
+        );
         snapshot.self_status = None;
         let answer = seed_nodes_answer(&snapshot, &self_address, &joining);
         assert!(answer.seed_nodes.is_empty());

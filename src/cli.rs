@@ -84,8 +84,9 @@ pub struct ClientArgs {
     /// Print the node's JSON answer instead of a table
     #[arg(long)]
     pub json: bool,
-    /// How long to wait for the node's answer
-    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    /// How long to wait for the node's answer (longer than a node's own request timeout, 30 s,
+    /// so that the node's verdict arrives first)
+    #[arg(long, value_name = "DURATION", default_value = "35s", value_parser = humantime::parse_duration)]
     pub timeout: std::time::Duration,
 }
 

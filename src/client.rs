@@ -115,8 +115,10 @@ impl ClientError {
 /// Runs `command` against the node and returns what to print.
 pub async fn run(command: &ClientCommand, options: &ClientOptions) -> Result<String, ClientError> {
     let base = base_url(&options.node)?;
+    // Straight to the node: a proxy from the environment would see the token.
     let http = reqwest::Client::builder()
         .timeout(options.timeout)
+        .no_proxy()
         .build()
         .map_err(|e| ClientError::Usage(format!("HTTP client: {e}")))?;
     let call = |method: Method, path: String, body: Option<Value>| {
@@ -243,6 +245,10 @@ fn base_url(node: &str) -> Result<reqwest::Url, ClientError> {
 
 /// Percent-encodes one path segment.
 fn encode(segment: &str) -> String {
+    // `.` and `..` would be taken as path steps and vanish from the URL.
+    if segment.bytes().all(|b| b == b'.') {
+        return segment.bytes().map(|_| "%2E").collect();
+    }
     let mut out = String::with_capacity(segment.len());
     for byte in segment.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~:".contains(&byte) {
@@ -279,6 +285,8 @@ async fn request(
     let url = base
         .join(&path)
         .map_err(|e| ClientError::Usage(format!("{path}: {e}")))?;
+    // A change that timed out after it was sent may still take effect on the node.
+    let changes = method != Method::GET;
     let mut request = http.request(method, url);
     if let Some(token) = &options.token {
         request = request.bearer_auth(token);
@@ -287,32 +295,44 @@ async fn request(
         request = request.json(&body);
     }
     let node = options.node.clone();
-    let response = request.send().await.map_err(|e| ClientError::Unreachable {
-        node: node.clone(),
-        reason: describe(&e),
-    })?;
+    let failed = |e: reqwest::Error| {
+        if changes && e.is_timeout() && !e.is_connect() {
+            ClientError::OutcomeUnknown {
+                message: format!(
+                    "no answer from {node} within {:?}; the command was sent and may still \
+                     take effect",
+                    options.timeout
+                ),
+            }
+        } else {
+            ClientError::Unreachable {
+                node: node.clone(),
+                reason: describe(&e),
+            }
+        }
+    };
+    let response = request.send().await.map_err(failed)?;
     let status = response.status();
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|e| ClientError::Unreachable {
-            node: node.clone(),
-            reason: describe(&e),
-        })?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|_| {
-        ClientError::BadAnswer(format!(
-            "{status}: {}",
-            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
-        ))
-    })?;
+    let bytes = response.bytes().await.map_err(failed)?;
+    let parsed = serde_json::from_slice::<Value>(&bytes);
     if status.is_success() {
-        return Ok(value);
+        return parsed.map_err(|_| {
+            ClientError::BadAnswer(format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+            ))
+        });
     }
-    let message = value
-        .get("error")
-        .and_then(Value::as_str)
-        .unwrap_or("no message")
-        .to_string();
+    // The status says what happened even when the body is not the node's JSON (a proxy's
+    // page, say).
+    let message = match &parsed {
+        Ok(value) => value
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("no message")
+            .to_string(),
+        Err(_) => String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).to_string(),
+    };
     Err(match status {
         StatusCode::UNAUTHORIZED => ClientError::Unauthorized { node, message },
         StatusCode::GATEWAY_TIMEOUT => ClientError::OutcomeUnknown { message },
@@ -516,6 +536,7 @@ mod tests {
     #[test]
     fn paths_are_encoded_and_urls_need_no_scheme() {
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(encode(".."), "%2E%2E");
         assert_eq!(
             ddata_path("counter", "hits/x", Some("majority")),
             "/ddata/counter/hits%2Fx?consistency=majority"

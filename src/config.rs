@@ -1534,14 +1534,26 @@ fn parse_role(role: &str) -> Result<String, ConfigError> {
     Ok(role.to_string())
 }
 
+/// Longest duration any key accepts: beyond it a value is a typo, and timers and deadlines
+/// computed from it could overflow.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 fn parse_duration(key: &'static str, value: &Scalar) -> Result<Duration, ConfigError> {
     let expected = "a duration like 2s or 500ms";
-    match value {
+    let d = match value {
         Scalar::Text(text) => {
-            humantime::parse_duration(text.trim()).map_err(|_| invalid(key, text, expected))
+            humantime::parse_duration(text.trim()).map_err(|_| invalid(key, text, expected))?
         }
-        other => Err(invalid(key, &other.to_string(), expected)),
+        other => return Err(invalid(key, &other.to_string(), expected)),
+    };
+    if d > MAX_DURATION {
+        return Err(ConfigError::OutOfRange {
+            key,
+            value: value.to_string(),
+            allowed: "at most a year (365d)".into(),
+        });
     }
+    Ok(d)
 }
 
 /// Durations that drive a timer must not be zero: a zero interval would spin.
@@ -1947,6 +1959,14 @@ mod tests {
             err.to_string()
                 .starts_with("cannot read config file /nonexistent/tessera.toml")
         );
+    }
+
+    #[test]
+    fn durations_longer_than_a_year_are_refused_naming_the_key() {
+        let message = error(&[("stable_margin", "500000000000y")]);
+        assert!(message.contains("stable_margin"), "{message}");
+        assert!(message.contains("at most a year"), "{message}");
+        assert!(from(&[("stable_margin", "365d")]).is_ok());
     }
 
     #[test]

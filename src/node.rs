@@ -91,7 +91,7 @@ pub fn bootstrap_config(config: &NodeConfig, http_port: u16) -> Option<Bootstrap
             stable_margin: config.stable_margin,
             form_new_cluster: config.form_new_cluster,
             // A probe round is at most an interval of probing plus an interval of waiting.
-            answer_max_age: config.bootstrap_probe_interval * 2,
+            answer_max_age: config.bootstrap_probe_interval.saturating_mul(2),
         },
         probe_interval: config.bootstrap_probe_interval,
         shutdown_after_unsuccessful_join: config.shutdown_after_unsuccessful_join,
@@ -763,8 +763,10 @@ pub async fn run(config: NodeConfig) -> u8 {
     let bootstrap_failed = async move {
         match bootstrap {
             Some(task) => match task.await {
+                Ok(Ok(())) => std::future::pending().await,
                 Ok(Err(e)) => e,
-                _ => std::future::pending().await,
+                // A bootstrap that died must not leave the node waiting as a non-member.
+                Err(e) => crate::bootstrap::BootstrapError::Crashed(e.to_string()),
             },
             None => std::future::pending().await,
         }

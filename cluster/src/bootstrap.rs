@@ -306,10 +306,10 @@ impl BootstrapState {
                 required: settings.required_contact_points,
             });
         }
-        let stable_at = changed_at + settings.stable_margin;
+        let stable_at = changed_at.saturating_add(settings.stable_margin);
         if now < stable_at {
             return Decision::Wait(WaitReason::DiscoveryNotStable {
-                stable_in: stable_at - now,
+                stable_in: stable_at.saturating_sub(now),
             });
         }
         let missing: Vec<ContactPoint> = self

@@ -80,6 +80,11 @@ impl<T> PeerQueues<T> {
         if endpoint.is_closed() {
             return Err(SendError::Closed);
         }
+        // A writer that ended without removing its queues (it panicked) left them closed:
+        // they are replaced, so that the peer is not unreachable for good.
+        if peers.get(to).is_some_and(LaneSenders::is_closed) {
+            peers.remove(to);
+        }
         if !peers.contains_key(to) {
             if peers.len() >= self.max_peers {
                 return Err(endpoint.too_many_peers(to, self.max_peers));
@@ -214,6 +219,11 @@ fn lane_queues<T>(limits: LaneLimits) -> (LaneSenders<T>, LaneReceivers<T>) {
 }
 
 impl<T> LaneSenders<T> {
+    /// Whether the task draining these queues is gone.
+    fn is_closed(&self) -> bool {
+        self.control.queue.is_closed()
+    }
+
     /// Queues without waiting; a full queue drops the item (the caller counts it).
     fn try_send(&self, lane: Lane, item: T, size_bytes: usize) -> Result<(), EnqueueError> {
         let sender = match lane {
@@ -362,5 +372,28 @@ mod tests {
             senders.try_send(Lane::Bulk, 7, 1),
             Err(EnqueueError::BytesFull { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn queues_whose_writer_died_are_replaced_on_the_next_send() {
+        let config = TransportConfig::default();
+        let queues: PeerQueues<u32> = PeerQueues::new(&config);
+        let endpoint = Endpoint::new(
+            crate::address::UniqueAddress::new(Address::new("127.0.0.1", 1), 1),
+            &config,
+        );
+        let peer = Address::new("127.0.0.1", 2);
+        let mut first = None;
+        queues
+            .try_send(&endpoint, &peer, Lane::Bulk, 1, 1, |r| first = Some(r))
+            .expect("queued");
+        // The writer dies (its receivers dropped) without removing the queues.
+        drop(first.take());
+        let mut second = None;
+        queues
+            .try_send(&endpoint, &peer, Lane::Bulk, 2, 1, |r| second = Some(r))
+            .expect("queued on new queues");
+        let mut second = second.expect("a new writer was started");
+        assert_eq!(second.recv().await, Some(2));
     }
 }
