@@ -175,12 +175,12 @@ pub fn router(
 }
 
 async fn seed_nodes(State(state): State<SeedNodesState>) -> axum::Json<SeedNodesAnswer> {
-    let snapshot = state.watch.borrow().clone();
-    axum::Json(seed_nodes_answer(
-        &snapshot,
+    let answer = seed_nodes_answer(
+        &state.watch.borrow(),
         &state.self_address,
         &state.joining_via,
-    ))
+    );
+    axum::Json(answer)
 }
 
 /// Largest probe answer read (a thousand members fit easily).

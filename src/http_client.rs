@@ -72,11 +72,18 @@ pub async fn request(
         source: std::io::Error::other(reason),
     };
     let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| io(e.to_string()))?;
-    let client = reqwest::Client::builder()
-        .timeout(timeout)
-        .build()
-        .map_err(|e| io(e.to_string()))?;
-    let mut request = client.request(method, format!("http://{address}{path}"));
+    // One client for the process: it keeps connections to the nodes open between requests
+    // instead of building a pool (and a resolver) for every one.
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let client = CLIENT.get_or_init(|| {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap_or_default()
+    });
+    let mut request = client
+        .request(method, format!("http://{address}{path}"))
+        .timeout(timeout);
     let token = TOKEN
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
