@@ -72,12 +72,14 @@ pub async fn request(
         source: std::io::Error::other(reason),
     };
     let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| io(e.to_string()))?;
-    // One client for the process: it keeps connections to the nodes open between requests
-    // instead of building a pool (and a resolver) for every one.
+    // One client for the process instead of one (with its pool and resolver) per request.
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     let client = CLIENT.get_or_init(|| {
+        // No idle connections kept: one connection per request, as the nodes' connection
+        // counters and idle-connection timeouts in the tests expect.
         reqwest::Client::builder()
             .no_proxy()
+            .pool_max_idle_per_host(0)
             .build()
             .unwrap_or_default()
     });
