@@ -283,6 +283,71 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The same, with the requests sent in batches (`replica_apply_many`, as a replica
+    /// service passes on a message from a writer node) of random sizes, some for one log
+    /// several times: each gets the answer it gets one by one, in order.
+    #[test]
+    fn batches_of_requests_answer_as_one_by_one(
+        steps in proptest::collection::vec((0usize..3, step()), 1..80),
+        cuts in proptest::collection::vec(1usize..12, 1..20),
+    ) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = open(dir.path()).await;
+            let logs = ["account|a", "account|b", "account|c"];
+            let mut models: Vec<MemoryLog<StoredEvent>> = (0..3).map(|_| MemoryLog::default()).collect();
+            let rules = Rules::default();
+            let limits = ReadLimits { max_tail_entries: 1_000, max_bytes: 1 << 20 };
+            let mut counter = 0u8;
+            let mut requests = Vec::new();
+            for (log, step) in &steps {
+                if matches!(step, Step::Read { .. }) {
+                    continue;
+                }
+                let request = request(step, &models[*log], &mut counter);
+                let expected = models[*log].handle(&rules, request.clone(), limits);
+                requests.push((logs[*log].to_string(), request, expected));
+            }
+            let mut sent = Vec::new();
+            let mut rest = requests.as_slice();
+            for cut in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (batch, after) = rest.split_at((*cut).min(rest.len()));
+                rest = after;
+                let answers = journal.replica_apply_many(
+                    batch.iter().map(|(log, request, _)| (log.clone(), request.clone())).collect(),
+                );
+                sent.push((answers, batch.to_vec()));
+            }
+            for (answers, batch) in sent {
+                let answers = answers.await;
+                prop_assert_eq!(answers.len(), batch.len());
+                for (answer, (log, request, expected)) in answers.into_iter().zip(batch) {
+                    prop_assert_eq!(normalise(answer.unwrap()), expected, "{} {:?}", log, request);
+                }
+            }
+            for (log, model) in logs.iter().zip(&models) {
+                let whole = Request::Read { from: 0, to: u64::MAX, max_entries: 10_000, max_bytes: 1 << 30 };
+                let read = journal.replica_apply(log, whole.clone()).await.unwrap();
+                let mut model = MemoryLog { meta: model.meta.clone(), entries: model.entries.clone() };
+                prop_assert_eq!(normalise(read), model.handle(&rules, whole, limits));
+            }
+            journal.close().await;
+            Ok(())
+        })?;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_keeps_its_storage_id_and_a_new_one_gets_another() {
     let dir = tempfile::tempdir().unwrap();

@@ -64,6 +64,9 @@ impl Shared {
     }
 }
 
+/// Memtable size of the metadata and tag-index column families.
+const METADATA_WRITE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
 /// RocksDB options for the journal's database and its column families. Public so that
 /// `tessera bench journal` runs its raw-RocksDB baseline with exactly the same settings.
 pub fn rocksdb_options(config: &JournalConfig) -> (Options, Vec<ColumnFamilyDescriptor>) {
@@ -107,6 +110,10 @@ pub fn rocksdb_options(config: &JournalConfig) -> (Options, Vec<ColumnFamilyDesc
     let mut small = Options::default();
     small.set_compression_type(rocksdb::DBCompressionType::Lz4);
     small.set_block_based_table_factory(&metadata_table);
+    // Every write rewrites a log's small records, so a metadata memtable fills with versions
+    // of a few keys: a small one keeps its skip list shallow (each insert searches it) and is
+    // flushed into a file of mostly the latest versions.
+    small.set_write_buffer_size(METADATA_WRITE_BUFFER_BYTES);
 
     let cfs = vec![
         ColumnFamilyDescriptor::new(CF_EVENTS, events),
@@ -241,6 +248,92 @@ impl RocksJournal {
                 reply,
             }),
         }
+    }
+
+    /// Applies requests of the replicated log protocol to this store's replicas of several
+    /// logs, as [`RocksJournal::replica_apply`] would one by one, answering in the order of
+    /// the requests. The writes among them reach the writer as one request (one queue slot,
+    /// one wake-up, one answer), which takes them in in this order.
+    pub fn replica_apply_many(
+        &self,
+        requests: Vec<(String, Request<StoredEvent>)>,
+    ) -> BoxFuture<'static, Vec<Result<Response<StoredEvent>, JournalError>>> {
+        let count = requests.len();
+        let mut answers: Vec<Option<BoxFuture<'static, _>>> = Vec::with_capacity(count);
+        let mut writes = Vec::new();
+        let mut write_places = Vec::new();
+        for (persistence_id, request) in requests {
+            let is_write = !matches!(request, Request::Locate | Request::Read { .. });
+            if is_write && validate_name("persistence id", &persistence_id).is_ok() {
+                write_places.push(answers.len());
+                writes.push((persistence_id, request));
+                answers.push(None);
+            } else {
+                answers.push(Some(self.replica_apply(&persistence_id, request)));
+            }
+        }
+        let written = if writes.is_empty() {
+            None
+        } else {
+            let (reply, answer) = oneshot::channel();
+            let sent = self
+                .requests
+                .try_send(writer::WriterRequest::Replicas {
+                    requests: writes,
+                    reply,
+                })
+                .map_err(|e| match e {
+                    TrySendError::Full(_) => Some(self.shared.config.write_queue_capacity),
+                    TrySendError::Disconnected(_) => None,
+                });
+            Some((sent, answer))
+        };
+        async move {
+            let mut written: Vec<Option<Result<Response<StoredEvent>, JournalError>>> =
+                match written {
+                    Some((sent, answer)) => {
+                        // `Some(capacity)`: the queue was full; `None`: the journal closed.
+                        let results = match sent {
+                            Ok(()) => answer.await.map_err(|_| None),
+                            Err(full) => Err(full),
+                        };
+                        match results {
+                            Ok(results) => results.into_iter().map(Some).collect(),
+                            Err(full) => write_places
+                                .iter()
+                                .map(|_| {
+                                    Some(Err(match full {
+                                        Some(capacity) => JournalError::QueueFull { capacity },
+                                        None => JournalError::Closed,
+                                    }))
+                                })
+                                .collect(),
+                        }
+                    }
+                    None => Vec::new(),
+                };
+            let mut results = Vec::with_capacity(count);
+            let mut next_write = 0;
+            for answer in answers {
+                match answer {
+                    Some(read) => results.push(read.await),
+                    None => {
+                        let result = written
+                            .get_mut(next_write)
+                            .and_then(Option::take)
+                            .unwrap_or_else(|| {
+                                Err(JournalError::Storage(
+                                    "a replica write was not answered".into(),
+                                ))
+                            });
+                        next_write += 1;
+                        results.push(result);
+                    }
+                }
+            }
+            results
+        }
+        .boxed()
     }
 
     /// Replicated logs this store holds, with their configuration, after the log `after`

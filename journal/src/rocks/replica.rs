@@ -69,6 +69,25 @@ pub(crate) fn meta_of(
     meta_from(stored.as_deref(), state)
 }
 
+/// The replica record of log `pid_num`, if it has one.
+pub(crate) fn stored_meta(shared: &Shared, pid_num: u64) -> Result<Option<LogMeta>, JournalError> {
+    shared
+        .db
+        .get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(pid_num))?
+        .map(|value| decode_meta(&value))
+        .transpose()
+}
+
+/// A log's replica state from its replica record, or, without one, as a log written before
+/// replication with journal state `state` reads.
+pub(crate) fn meta_or_legacy(stored: Option<LogMeta>, state: LogState) -> Option<LogMeta> {
+    match stored {
+        Some(meta) => Some(meta),
+        None if state.highest > 0 => Some(legacy_meta(state)),
+        None => None,
+    }
+}
+
 fn meta_from(stored: Option<&[u8]>, state: LogState) -> Result<Option<LogMeta>, JournalError> {
     match stored {
         Some(value) => decode_meta(value).map(Some),

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 use std::time::Instant;
-use tessera_replication::replica::{Decision, Mutation, Reply, Rules};
+use tessera_replication::replica::{Decision, LogMeta, Mutation, Reply, Rules};
 use tessera_replication::{LogSummary, Request, Response};
 use tessera_storage::FsyncPolicy;
 use tokio::sync::{oneshot, watch};
@@ -67,19 +67,87 @@ pub(crate) enum WriterRequest {
         request: Request<StoredEvent>,
         reply: ReplicaReply,
     },
+    /// Replica changes to many logs (a replica service's batch), decided in order, each as a
+    /// `Replica` request would be, and answered together once all are durable.
+    Replicas {
+        requests: Vec<(String, Request<StoredEvent>)>,
+        reply: ReplicasReply,
+    },
 }
 
+/// What a replica request is answered.
+pub(crate) type ReplicaAnswer = Result<Response<StoredEvent>, JournalError>;
 /// Where the answer to a replica request goes.
-pub(crate) type ReplicaReply = oneshot::Sender<Result<Response<StoredEvent>, JournalError>>;
+pub(crate) type ReplicaReply = oneshot::Sender<ReplicaAnswer>;
+/// Where the answers to a batch of replica requests go, in the order of the requests.
+pub(crate) type ReplicasReply = oneshot::Sender<Vec<ReplicaAnswer>>;
+
+/// Where one replica request's answer goes: its own channel, or its place in a batch.
+enum ReplySlot {
+    One(ReplicaReply),
+    Part { batch: usize, index: usize },
+}
+
+/// The batches of replica requests of one group, filled in as their parts are answered and
+/// sent once the group is done.
+#[derive(Default)]
+struct BatchAnswers {
+    batches: Vec<(ReplicasReply, Vec<Option<ReplicaAnswer>>)>,
+}
+
+impl BatchAnswers {
+    fn answer(&mut self, slot: ReplySlot, answer: ReplicaAnswer) {
+        match slot {
+            ReplySlot::One(reply) => {
+                let _ = reply.send(answer);
+            }
+            ReplySlot::Part { batch, index } => {
+                if let Some(place) = self
+                    .batches
+                    .get_mut(batch)
+                    .and_then(|(_, answers)| answers.get_mut(index))
+                {
+                    *place = Some(answer);
+                }
+            }
+        }
+    }
+
+    /// Sends every batch's answers; a part never answered (none is, but for a bug) reads as
+    /// a failed store.
+    fn send(self) {
+        for (reply, answers) in self.batches {
+            let answers = answers
+                .into_iter()
+                .map(|answer| {
+                    answer.unwrap_or_else(|| {
+                        Err(JournalError::Storage(
+                            "the replica request was not decided".into(),
+                        ))
+                    })
+                })
+                .collect();
+            let _ = reply.send(answers);
+        }
+    }
+}
 
 impl WriterRequest {
     fn size_bytes(&self) -> usize {
+        fn replica_bytes(request: &Request<StoredEvent>) -> usize {
+            match request {
+                Request::Append { entries, .. } => {
+                    entries.iter().map(|e| e.payload.payload.len()).sum()
+                }
+                _ => 0,
+            }
+        }
         match self {
             WriterRequest::Append { write, .. } => write.payload_bytes(),
-            WriterRequest::Replica {
-                request: Request::Append { entries, .. },
-                ..
-            } => entries.iter().map(|e| e.payload.payload.len()).sum(),
+            WriterRequest::Replica { request, .. } => replica_bytes(request),
+            WriterRequest::Replicas { requests, .. } => {
+                requests.iter().map(|(_, r)| replica_bytes(r)).sum()
+            }
             _ => 0,
         }
     }
@@ -90,14 +158,14 @@ impl WriterRequest {
             WriterRequest::Append { write, .. } => Some(&write.persistence_id),
             WriterRequest::DeleteTo { persistence_id, .. }
             | WriterRequest::Replica { persistence_id, .. } => Some(persistence_id),
-            WriterRequest::Close { .. } => None,
+            WriterRequest::Close { .. } | WriterRequest::Replicas { .. } => None,
         }
     }
 }
 
 /// A replica request staged in a batch, answered once the batch is durable.
 struct StagedReplica {
-    reply: ReplicaReply,
+    reply: ReplySlot,
     decided: Reply,
     summary: LogSummary,
     /// The log's number, to read the tail of a promise from (none: the log holds nothing).
@@ -127,6 +195,8 @@ struct PendingDeletion {
 struct Staged {
     logs: HashMap<String, CachedLog>,
     tags: HashMap<String, u64>,
+    /// Replica states written, by log number.
+    replicas: Vec<(u64, LogMeta)>,
     counters: Counters,
     deletions: Vec<(u64, PendingDeletion)>,
 }
@@ -135,6 +205,10 @@ struct Writer {
     shared: Arc<Shared>,
     logs: Recent<String, CachedLog>,
     tags: Recent<String, u64>,
+    /// The stored replica state of replicated logs (`None`: the log has no replica record),
+    /// by log number, as the writer (the database's only writer) last wrote or read it:
+    /// deciding a replica request then reads nothing from RocksDB.
+    replicas: Recent<u64, Option<LogMeta>>,
     counters: Counters,
     deletions: BTreeMap<u64, PendingDeletion>,
     commits: watch::Sender<u64>,
@@ -168,6 +242,7 @@ pub(crate) fn start(
         shared,
         logs: Recent::new(MAX_CACHED_NAMES),
         tags: Recent::new(MAX_CACHED_NAMES),
+        replicas: Recent::new(MAX_CACHED_NAMES),
         counters,
         deletions,
         commits,
@@ -343,6 +418,7 @@ impl Writer {
         Staged {
             logs: HashMap::new(),
             tags: HashMap::new(),
+            replicas: Vec::new(),
             counters: self.counters,
             deletions: Vec::new(),
         }
@@ -357,11 +433,44 @@ impl Writer {
         let mut staged = self.new_staged();
         let mut accepted = Vec::with_capacity(group.len());
         let mut replicas = Vec::new();
-        let mut touched: HashSet<String> = HashSet::new();
+        let mut answers = BatchAnswers::default();
+        // Logs changed in this batch, by a hash of their name: a collision only starts a
+        // new batch early.
+        let mut touched: HashSet<u64> = HashSet::new();
+        let mut items = Vec::with_capacity(group.len());
         for request in group {
-            let is_replica = matches!(request, WriterRequest::Replica { .. });
-            if let Some(pid) = request.persistence_id() {
-                if touched.contains(pid) && (is_replica || !replicas.is_empty()) {
+            match request {
+                WriterRequest::Replicas { requests, reply } => {
+                    let batch = answers.batches.len();
+                    answers
+                        .batches
+                        .push((reply, (0..requests.len()).map(|_| None).collect()));
+                    items.extend(requests.into_iter().enumerate().map(
+                        |(index, (persistence_id, request))| {
+                            Item::Replica(persistence_id, request, ReplySlot::Part { batch, index })
+                        },
+                    ));
+                }
+                WriterRequest::Replica {
+                    persistence_id,
+                    request,
+                    reply,
+                } => items.push(Item::Replica(
+                    persistence_id,
+                    request,
+                    ReplySlot::One(reply),
+                )),
+                other => items.push(Item::Other(other)),
+            }
+        }
+        for item in items {
+            let (pid, is_replica) = match &item {
+                Item::Replica(pid, ..) => (Some(pid.as_str()), true),
+                Item::Other(request) => (request.persistence_id(), false),
+            };
+            if let Some(pid) = pid {
+                let hash = xxhash_rust::xxh3::xxh3_64(pid.as_bytes());
+                if touched.contains(&hash) && (is_replica || !replicas.is_empty()) {
                     let full = std::mem::take(&mut batch);
                     let done = std::mem::replace(&mut staged, self.new_staged());
                     self.commit_batch(
@@ -369,16 +478,29 @@ impl Writer {
                         done,
                         std::mem::take(&mut accepted),
                         std::mem::take(&mut replicas),
+                        &mut answers,
                     );
                     // Staged anew from the counters the commit left: a log or tag created in
                     // the next batch must not get a number the last one gave out.
                     staged = self.new_staged();
                     touched.clear();
                 }
-                touched.insert(pid.to_string());
+                touched.insert(hash);
             }
-            match request {
-                WriterRequest::Append { write, reply } => {
+            match item {
+                Item::Replica(persistence_id, request, reply) => {
+                    match self.stage_replica(&mut batch, &mut staged, &persistence_id, request) {
+                        Ok((decided, summary, pid_num)) => replicas.push(StagedReplica {
+                            reply,
+                            decided,
+                            summary,
+                            pid_num,
+                            persistence_id,
+                        }),
+                        Err(e) => answers.answer(reply, Err(e)),
+                    }
+                }
+                Item::Other(WriterRequest::Append { write, reply }) => {
                     match self.stage_append(&mut batch, &mut staged, &write) {
                         Ok(()) => accepted.push(reply),
                         Err(e) => {
@@ -386,11 +508,11 @@ impl Writer {
                         }
                     }
                 }
-                WriterRequest::DeleteTo {
+                Item::Other(WriterRequest::DeleteTo {
                     persistence_id,
                     to_sequence_nr,
                     reply,
-                } => {
+                }) => {
                     match self.stage_delete(
                         &mut batch,
                         &mut staged,
@@ -403,26 +525,11 @@ impl Writer {
                         }
                     }
                 }
-                WriterRequest::Replica {
-                    persistence_id,
-                    request,
-                    reply,
-                } => match self.stage_replica(&mut batch, &mut staged, &persistence_id, request) {
-                    Ok((decided, summary, pid_num)) => replicas.push(StagedReplica {
-                        reply,
-                        decided,
-                        summary,
-                        pid_num,
-                        persistence_id,
-                    }),
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                    }
-                },
-                WriterRequest::Close { .. } => continue,
+                Item::Other(_) => continue,
             }
         }
-        self.commit_batch(batch, staged, accepted, replicas);
+        self.commit_batch(batch, staged, accepted, replicas, &mut answers);
+        answers.send();
     }
 
     /// Writes a batch (one WAL write, one sync) and answers what it holds.
@@ -432,19 +539,20 @@ impl Writer {
         staged: Staged,
         accepted: Vec<oneshot::Sender<Result<(), JournalError>>>,
         replicas: Vec<StagedReplica>,
+        answers: &mut BatchAnswers,
     ) {
         if batch.is_empty() {
             for reply in accepted {
                 let _ = reply.send(Ok(()));
             }
-            self.answer_replicas(replicas);
+            self.answer_replicas(replicas, answers);
             return;
         }
         if staged.counters != self.counters {
             match self.shared.cf(CF_META) {
                 Ok(meta) => batch.put_cf(meta, COUNTERS_KEY, staged.counters.encode()),
                 Err(e) => {
-                    fail_replicas(replicas, &e.to_string());
+                    fail_replicas(replicas, answers, &e.to_string());
                     return fail_all(accepted, &e.to_string());
                 }
             }
@@ -461,11 +569,11 @@ impl Writer {
                 for reply in accepted {
                     let _ = reply.send(Ok(()));
                 }
-                self.answer_replicas(replicas);
+                self.answer_replicas(replicas, answers);
             }
             Err(e) => {
                 tracing::error!(error = %e, "journal batch write failed");
-                fail_replicas(replicas, e.as_ref());
+                fail_replicas(replicas, answers, e.as_ref());
                 fail_all(accepted, e.as_ref());
             }
         }
@@ -473,7 +581,7 @@ impl Writer {
 
     /// Answers replica requests whose changes are durable; a promise brings the entries
     /// above the log's acknowledged mark, read now.
-    fn answer_replicas(&self, replicas: Vec<StagedReplica>) {
+    fn answer_replicas(&self, replicas: Vec<StagedReplica>, answers: &mut BatchAnswers) {
         for staged in replicas {
             let summary = staged.summary;
             let response = match staged.decided {
@@ -511,7 +619,7 @@ impl Writer {
                 Reply::Mismatch => Ok(Response::Mismatch { summary }),
                 Reply::Invalid(reason) => Ok(Response::Invalid { reason }),
             };
-            let _ = staged.reply.send(response);
+            answers.answer(staged.reply, response);
         }
     }
 
@@ -527,7 +635,7 @@ impl Writer {
     ) -> Result<(Reply, LogSummary, Option<u64>), JournalError> {
         let log = self.find_log(staged, pid)?;
         let before = match &log {
-            Some(log) => replica::meta_of(&self.shared, log.pid_num, log.state)?,
+            Some(log) => self.find_replica(log)?,
             None => None,
         };
         let rules = Rules::default();
@@ -705,6 +813,7 @@ impl Writer {
                 keys::replica_key(log.pid_num),
                 replica::encode_meta(meta)?,
             ));
+            staged.replicas.push((log.pid_num, meta.clone()));
         }
         // From here on nothing fails.
         for op in ops {
@@ -785,6 +894,9 @@ impl Writer {
         for (tag, num) in staged.tags {
             self.tags.insert(tag, num);
         }
+        for (pid_num, meta) in staged.replicas {
+            self.replicas.insert(pid_num, Some(meta));
+        }
         self.counters = staged.counters;
         for (pid_num, deletion) in staged.deletions {
             self.deletions
@@ -807,6 +919,20 @@ impl Writer {
             self.logs.insert(pid.to_string(), log);
         }
         Ok(found)
+    }
+
+    /// The replica state of a log held here: cached, or read from RocksDB. A log without a
+    /// replica record (written before replication) reads as its current state says.
+    fn find_replica(&mut self, log: &CachedLog) -> Result<Option<LogMeta>, JournalError> {
+        let stored = match self.replicas.get(&log.pid_num) {
+            Some(stored) => stored,
+            None => {
+                let stored = replica::stored_meta(&self.shared, log.pid_num)?;
+                self.replicas.insert(log.pid_num, stored.clone());
+                stored
+            }
+        };
+        Ok(replica::meta_or_legacy(stored, log.state))
     }
 
     /// The tag's number: cached or read from RocksDB (tags numbered in the current group are
@@ -1026,12 +1152,20 @@ impl Writer {
     }
 }
 
-fn fail_replicas(replicas: Vec<StagedReplica>, message: &str) {
+fn fail_replicas(replicas: Vec<StagedReplica>, answers: &mut BatchAnswers, message: &str) {
     for staged in replicas {
-        let _ = staged
-            .reply
-            .send(Err(JournalError::Storage(message.to_string())));
+        answers.answer(
+            staged.reply,
+            Err(JournalError::Storage(message.to_string())),
+        );
     }
+}
+
+/// One request of a group as the group is committed: a batch of replica requests is taken
+/// apart into its requests.
+enum Item {
+    Replica(String, Request<StoredEvent>, ReplySlot),
+    Other(WriterRequest),
 }
 
 fn fail_all(replies: Vec<oneshot::Sender<Result<(), JournalError>>>, message: &str) {
