@@ -2,7 +2,7 @@
 //! the cluster transport.
 
 use crate::handler::ReplicaHandler;
-use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
+use crate::wire::{ReplicaCall, ReplicaCalls, ReplicaReply, ReplicaRequest, decode_replies};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -51,16 +51,58 @@ pub(crate) trait ReplicaCaller: Send + Sync + 'static {
             request: ReplicaRequest::Log(request),
         };
         let reply = self.call_any(to.address(), call);
-        Box::pin(async move {
-            match reply.await {
-                Ok(ReplicaReply::Answer(response)) => CallResult::Response(response),
-                Ok(ReplicaReply::WrongStorage { .. }) => CallResult::WrongStorage,
-                Ok(ReplicaReply::Failed { reason }) => CallResult::Failed(reason),
-                Ok(other) => CallResult::Failed(format!("unexpected reply {other:?}")),
-                Err(e) => CallResult::Failed(e),
-            }
-        })
+        Box::pin(async move { CallResult::from_reply(reply.await) })
     }
+
+    /// Sends `calls` to `to` in one message: they are taken in there in this order, and the
+    /// answers come back together, in the same order. Only for calls whose answers are
+    /// small ([`small_answer`]).
+    fn call_batch(
+        &self,
+        to: &Address,
+        calls: Vec<ReplicaCall>,
+    ) -> BoxFuture<'static, Vec<Result<ReplicaReply, String>>>;
+}
+
+impl CallResult {
+    pub(crate) fn from_reply(reply: Result<ReplicaReply, String>) -> Self {
+        match reply {
+            Ok(ReplicaReply::Answer(response)) => CallResult::Response(response),
+            Ok(ReplicaReply::WrongStorage { .. }) => CallResult::WrongStorage,
+            Ok(ReplicaReply::Failed { reason }) => CallResult::Failed(reason),
+            Ok(other) => CallResult::Failed(format!("unexpected reply {other:?}")),
+            Err(e) => CallResult::Failed(e),
+        }
+    }
+}
+
+/// Whether a request's answer is a summary rather than entries: such calls to one node may
+/// share a frame, whose answer then stays far below the frame limit. A promise answers with
+/// the log's unacknowledged tail and a read with a page of entries (up to a MiB each), so
+/// they travel alone.
+pub(crate) fn small_answer(request: &Request<StoredEvent>) -> bool {
+    !matches!(request, Request::Prepare { .. } | Request::Read { .. })
+}
+
+/// About how many bytes a call takes on the wire (at least; strings and entries' fixed
+/// fields are counted with room to spare): a batch stays within its byte budget by it.
+pub(crate) fn call_size_estimate(call: &ReplicaCall) -> usize {
+    const OVERHEAD_BYTES: usize = 256;
+    let entries = match &call.request {
+        ReplicaRequest::Log(Request::Append { entries, .. }) => entries
+            .iter()
+            .map(|e| {
+                let event = &e.payload;
+                OVERHEAD_BYTES
+                    + event.payload.len()
+                    + event.writer_id.len()
+                    + event.manifest.len()
+                    + event.tags.iter().map(|t| t.len() + 8).sum::<usize>()
+            })
+            .sum(),
+        _ => 0,
+    };
+    OVERHEAD_BYTES + call.log.len() + entries
 }
 
 pub(crate) struct TransportCaller<T: Transport> {
@@ -84,13 +126,7 @@ impl<T: Transport> ReplicaCaller for TransportCaller<T> {
         call: ReplicaCall,
     ) -> BoxFuture<'static, Result<ReplicaReply, String>> {
         if *to == self.transport.local().address {
-            let storage_id = self.local.store.storage_id();
-            if call.storage_id.is_some_and(|s| s != storage_id) {
-                return Box::pin(futures::future::ready(Ok(ReplicaReply::WrongStorage {
-                    storage_id,
-                })));
-            }
-            let reply = self.local.handle(call);
+            let reply = self.local.handle_checked(call);
             return Box::pin(async move { Ok(reply.await) });
         }
         let bytes = match call.encode() {
@@ -112,6 +148,45 @@ impl<T: Transport> ReplicaCaller for TransportCaller<T> {
                 .await
                 .map_err(|e| e.to_string())?;
             ReplicaReply::decode(&answer).map_err(|e| e.to_string())
+        })
+    }
+
+    fn call_batch(
+        &self,
+        to: &Address,
+        calls: Vec<ReplicaCall>,
+    ) -> BoxFuture<'static, Vec<Result<ReplicaReply, String>>> {
+        let expected = calls.len();
+        if *to == self.transport.local().address {
+            let replies = self.local.handle_batch(calls);
+            return Box::pin(async move { replies.await.into_iter().map(Ok).collect() });
+        }
+        let bytes = match ReplicaCalls::encode_batch(&calls) {
+            Ok(bytes) => Bytes::from(bytes),
+            Err(e) => {
+                let reason = e.to_string();
+                return Box::pin(futures::future::ready(vec![Err(reason); expected]));
+            }
+        };
+        let transport = self.transport.clone();
+        let address = to.clone();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let answer = transport
+                .request(
+                    &address,
+                    services::JOURNAL_REPLICA,
+                    Lane::Bulk,
+                    bytes,
+                    timeout,
+                )
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|answer| decode_replies(&answer, expected).map_err(|e| e.to_string()));
+            match answer {
+                Ok(replies) => replies.into_iter().map(Ok).collect(),
+                Err(reason) => vec![Err(reason); expected],
+            }
         })
     }
 }

@@ -42,6 +42,64 @@ fn failed(reason: impl ToString) -> ReplicaReply {
 }
 
 impl ReplicaHandler {
+    /// Handles a call, first checking that it is meant for this node's store: a call that
+    /// names another is answered `WrongStorage` and touches nothing.
+    pub fn handle_checked(&self, call: ReplicaCall) -> BoxFuture<'static, ReplicaReply> {
+        let storage_id = self.store.storage_id();
+        if call
+            .storage_id
+            .is_some_and(|expected| expected != storage_id)
+        {
+            return Box::pin(futures::future::ready(ReplicaReply::WrongStorage {
+                storage_id,
+            }));
+        }
+        self.handle(call)
+    }
+
+    /// Handles calls in order (each checked as by [`Self::handle_checked`]), answering in
+    /// their order: the log requests among them reach the store as one batch.
+    pub fn handle_batch(&self, calls: Vec<ReplicaCall>) -> BoxFuture<'static, Vec<ReplicaReply>> {
+        let storage_id = self.store.storage_id();
+        let mut answers: Vec<Option<BoxFuture<'static, ReplicaReply>>> =
+            Vec::with_capacity(calls.len());
+        let mut log_requests = Vec::new();
+        for call in calls {
+            if call
+                .storage_id
+                .is_some_and(|expected| expected != storage_id)
+            {
+                answers.push(Some(Box::pin(futures::future::ready(
+                    ReplicaReply::WrongStorage { storage_id },
+                ))));
+                continue;
+            }
+            match call.request {
+                ReplicaRequest::Log(request) => {
+                    log_requests.push((call.log, request));
+                    answers.push(None);
+                }
+                request => answers.push(Some(self.handle(ReplicaCall { request, ..call }))),
+            }
+        }
+        let applied = self.store.apply_many(log_requests);
+        Box::pin(async move {
+            let mut applied = applied.await.into_iter();
+            let mut replies = Vec::with_capacity(answers.len());
+            for answer in answers {
+                replies.push(match answer {
+                    Some(other) => other.await,
+                    None => match applied.next() {
+                        Some(Ok(response)) => ReplicaReply::Answer(response),
+                        Some(Err(e)) => failed(e),
+                        None => failed("the store did not answer every request"),
+                    },
+                });
+            }
+            replies
+        })
+    }
+
     /// Handles a call (whose storage id was checked). A log request is taken in by the store
     /// before this returns.
     pub fn handle(&self, call: ReplicaCall) -> BoxFuture<'static, ReplicaReply> {

@@ -31,6 +31,19 @@ pub trait ReplicaStore: Send + Sync + 'static {
         request: Request<StoredEvent>,
     ) -> BoxFuture<'static, Result<Response<StoredEvent>, StoreError>>;
 
+    /// Applies requests to several logs, as `apply` would one after another, answering in
+    /// their order.
+    fn apply_many(
+        &self,
+        requests: Vec<(String, Request<StoredEvent>)>,
+    ) -> BoxFuture<'static, Vec<Result<Response<StoredEvent>, StoreError>>> {
+        let applied: Vec<_> = requests
+            .into_iter()
+            .map(|(log, request)| self.apply(&log, request))
+            .collect();
+        Box::pin(futures::future::join_all(applied))
+    }
+
     /// The log's entries `from..=to` as journal events, at most `max`: a writer reads its own
     /// node's replica this way when that replica holds the log.
     fn replay(&self, log: &str, from: u64, to: u64, max: u64) -> JournalStream<PersistentRepr>;
@@ -68,6 +81,20 @@ impl ReplicaStore for RocksReplicaStore {
     ) -> BoxFuture<'static, Result<Response<StoredEvent>, StoreError>> {
         let applied = self.journal.replica_apply(log, request);
         Box::pin(async move { applied.await.map_err(|e| StoreError(e.to_string())) })
+    }
+
+    fn apply_many(
+        &self,
+        requests: Vec<(String, Request<StoredEvent>)>,
+    ) -> BoxFuture<'static, Vec<Result<Response<StoredEvent>, StoreError>>> {
+        let applied = self.journal.replica_apply_many(requests);
+        Box::pin(async move {
+            applied
+                .await
+                .into_iter()
+                .map(|result| result.map_err(|e| StoreError(e.to_string())))
+                .collect()
+        })
     }
 
     fn replay(&self, log: &str, from: u64, to: u64, max: u64) -> JournalStream<PersistentRepr> {

@@ -6,8 +6,11 @@ use serde::{Deserialize, Serialize};
 use tessera_journal::StoredEvent;
 use tessera_replication::{Epoch, Request, Response};
 
-/// Version byte in front of every replica call and reply.
+/// Version byte in front of every single replica call and reply.
 pub const WIRE_FORMAT_VERSION: u8 = 1;
+/// Version byte in front of a batch of calls (several logs' requests to one node, carried in
+/// one frame) and of the batch of replies to it, in the same order.
+pub const BATCH_WIRE_FORMAT_VERSION: u8 = 2;
 
 /// A writer's call to a node's replica store.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +81,57 @@ pub enum ReplicaReply {
     Snapshot(Option<SnapshotData>),
 }
 
+/// What a replica service receives: one call, or a batch of them to take in in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicaCalls {
+    One(ReplicaCall),
+    Batch(Vec<ReplicaCall>),
+}
+
+impl ReplicaCalls {
+    /// Decodes either format.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        match bytes.first() {
+            Some(&BATCH_WIRE_FORMAT_VERSION) => {
+                Ok(ReplicaCalls::Batch(postcard::from_bytes(&bytes[1..])?))
+            }
+            _ => ReplicaCall::decode(bytes).map(ReplicaCalls::One),
+        }
+    }
+
+    /// Encodes a batch of calls.
+    pub fn encode_batch(calls: &[ReplicaCall]) -> Result<Vec<u8>, WireError> {
+        Ok(postcard::to_extend(calls, vec![BATCH_WIRE_FORMAT_VERSION])?)
+    }
+}
+
+/// Encodes the replies to a batch, in the order of its calls.
+pub fn encode_replies(replies: &[ReplicaReply]) -> Result<Vec<u8>, WireError> {
+    Ok(postcard::to_extend(
+        replies,
+        vec![BATCH_WIRE_FORMAT_VERSION],
+    )?)
+}
+
+/// Decodes the replies to a batch of `expected` calls.
+pub fn decode_replies(bytes: &[u8], expected: usize) -> Result<Vec<ReplicaReply>, WireError> {
+    let (&version, body) = bytes.split_first().ok_or(WireError::Empty)?;
+    if version != BATCH_WIRE_FORMAT_VERSION {
+        return Err(WireError::Version {
+            found: version,
+            expected: BATCH_WIRE_FORMAT_VERSION,
+        });
+    }
+    let replies: Vec<ReplicaReply> = postcard::from_bytes(body)?;
+    if replies.len() != expected {
+        return Err(WireError::BatchLength {
+            found: replies.len(),
+            expected,
+        });
+    }
+    Ok(replies)
+}
+
 /// Why bytes are not a replica message.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -85,6 +139,8 @@ pub enum WireError {
     Empty,
     #[error("replica message format version {found} is not supported (expected {expected})")]
     Version { found: u8, expected: u8 },
+    #[error("a batch of {expected} calls was answered with {found} replies")]
+    BatchLength { found: usize, expected: usize },
     #[error("malformed replica message: {0}")]
     Malformed(#[from] postcard::Error),
 }
@@ -162,6 +218,47 @@ mod tests {
             ReplicaReply::decode(&reply.encode().unwrap()).unwrap(),
             reply
         );
+    }
+
+    #[test]
+    fn batches_round_trip_and_single_calls_still_decode() {
+        let call = |log: &str| ReplicaCall {
+            log: log.into(),
+            storage_id: Some(3),
+            request: ReplicaRequest::Log(Request::Locate),
+        };
+        let calls = vec![call("a"), call("b")];
+        let bytes = ReplicaCalls::encode_batch(&calls).unwrap();
+        assert_eq!(
+            ReplicaCalls::decode(&bytes).unwrap(),
+            ReplicaCalls::Batch(calls)
+        );
+        let one = call("c");
+        assert_eq!(
+            ReplicaCalls::decode(&one.encode().unwrap()).unwrap(),
+            ReplicaCalls::One(one)
+        );
+        let replies = vec![
+            ReplicaReply::Done,
+            ReplicaReply::WrongStorage { storage_id: 1 },
+        ];
+        let bytes = encode_replies(&replies).unwrap();
+        assert_eq!(decode_replies(&bytes, 2).unwrap(), replies);
+        assert!(matches!(
+            decode_replies(&bytes, 3),
+            Err(WireError::BatchLength {
+                found: 2,
+                expected: 3
+            })
+        ));
+        assert!(matches!(
+            decode_replies(&ReplicaReply::Done.encode().unwrap(), 1),
+            Err(WireError::Version { found: 1, .. })
+        ));
+        for junk in [&[2u8][..], &[2, 0xff, 0xff, 0xff, 0xff, 0x0f], &[2, 5, 1]] {
+            assert!(ReplicaCalls::decode(junk).is_err());
+            assert!(decode_replies(junk, 1).is_err());
+        }
     }
 
     #[test]

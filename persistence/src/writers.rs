@@ -6,8 +6,10 @@
 //! date with the cluster's membership. Idle writers are dropped after a while (the next use
 //! of the log recovers it again, under a new epoch), and at most `max_writers` are kept.
 
-use crate::caller::{CallResult, ReplicaCaller};
+use crate::caller::{CallResult, ReplicaCaller, call_size_estimate, small_answer};
 use crate::metrics::PersistenceMetrics;
+use crate::wire::{ReplicaCall, ReplicaRequest};
+use futures::FutureExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +20,7 @@ use tessera_journal::{AtomicWrite, JournalError};
 use tessera_replication::placement::Ring;
 use tessera_replication::{
     LogWriter, NotApplied, OpId, Outcome, Output, Placement, ReplicaId, RequestId, StopReason,
-    WriterSettings, WriterStatus,
+    Target, WriterSettings, WriterStatus,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -55,6 +57,17 @@ impl Default for WritersSettings {
 
 /// Writers started for re-replication at once, at most.
 const MAX_MAINTENANCE_WRITERS: usize = 64;
+
+/// Commands and answers the task handles before it sends the calls they produced: under
+/// load, the calls of many logs to one node then leave in one message (as a journal's group
+/// commit gathers many writes into one sync); a lone call leaves at once.
+const MAX_HANDLED_PER_FLUSH: usize = 256;
+/// Calls in one message to a node, at most (well below a replica service's in-flight
+/// limit, which a batch must fit).
+const MAX_BATCH_CALLS: usize = 512;
+/// Estimated bytes of the calls in one message, at most (a quarter of the transport's
+/// default frame limit); a larger call travels alone.
+const MAX_BATCH_BYTES: usize = 1024 * 1024;
 
 /// A log ready to be read: where it ends and who holds it.
 #[derive(Clone, Debug)]
@@ -114,6 +127,21 @@ struct Answer {
     instance: u64,
     id: RequestId,
     result: CallResult,
+}
+
+/// A call a writer made, waiting for the end of the task's turn to be sent.
+struct Outgoing {
+    persistence_id: Arc<str>,
+    instance: u64,
+    id: RequestId,
+    call: ReplicaCall,
+}
+
+/// The calls of one turn to one node, in the order they were made.
+struct Outbox {
+    to: Address,
+    calls: Vec<Outgoing>,
+    size_bytes: usize,
 }
 
 enum Pending {
@@ -187,8 +215,8 @@ pub(crate) fn start(
     metrics: Arc<PersistenceMetrics>,
 ) -> Writers {
     let (commands, command_queue) = mpsc::channel(settings.command_queue_capacity);
-    // Answers come from call tasks, at most one per request a writer has out; the bound
-    // only makes a burst of answers wait for the task.
+    // Answers come from call tasks, one batch per message sent; the bound only makes a
+    // burst of answers wait for the task.
     let (answers, answer_queue) = mpsc::channel(settings.command_queue_capacity);
     let capacity = settings.command_queue_capacity;
     let (local_address, storage_id) = {
@@ -206,6 +234,7 @@ pub(crate) fn start(
         converged: false,
         serving_member: false,
         answers,
+        outboxes: Vec::new(),
         next_op: 1,
         last_full_tick: Instant::now(),
     };
@@ -226,7 +255,9 @@ struct Actor {
     converged: bool,
     /// Whether this node may write logs (it is an Up member, or leaving).
     serving_member: bool,
-    answers: mpsc::Sender<Answer>,
+    answers: mpsc::Sender<Vec<Answer>>,
+    /// Calls made in this turn, per node, sent together at its end.
+    outboxes: Vec<Outbox>,
     next_op: OpId,
     last_full_tick: Instant,
 }
@@ -235,7 +266,7 @@ impl Actor {
     async fn run(
         mut self,
         mut commands: mpsc::Receiver<Command>,
-        mut answers: mpsc::Receiver<Answer>,
+        mut answers: mpsc::Receiver<Vec<Answer>>,
         mut membership: watch::Receiver<ClusterSnapshot>,
     ) {
         let mut tick = tokio::time::interval(self.settings.tick_interval);
@@ -253,18 +284,101 @@ impl Actor {
                     }
                     Err(_) => membership_open = false,
                 },
-                Some(answer) = answers.recv() => self.on_answer(answer),
+                Some(batch) = answers.recv() => self.on_answers(batch),
                 command = commands.recv() => match command {
                     Some(command) => self.on_command(command),
                     None => break,
                 },
                 _ = tick.tick() => self.on_tick(),
             }
+            // Whatever else is ready joins this turn, so that its calls share messages.
+            let mut handled = 1;
+            while handled < MAX_HANDLED_PER_FLUSH {
+                if membership_open && membership.has_changed().unwrap_or(false) {
+                    break;
+                }
+                if let Ok(batch) = answers.try_recv() {
+                    self.on_answers(batch);
+                } else if let Ok(command) = commands.try_recv() {
+                    self.on_command(command);
+                } else {
+                    break;
+                }
+                handled += 1;
+            }
+            self.flush();
         }
         // Every caller still waiting hears that the journal closed.
         for (_, slot) in self.slots.drain() {
             drop(slot);
         }
+    }
+
+    /// Sends the calls of this turn: those with small answers to one node in one message,
+    /// the others alone. Each message's answers come back to the task as one batch. The
+    /// messages are queued on the transport in the order of the calls (the first poll of one
+    /// task puts them all on their way, in order): a writer's mark before its delete reaches
+    /// a replica in that order.
+    fn flush(&mut self) {
+        if self.outboxes.is_empty() {
+            return;
+        }
+        let sends: Vec<_> = std::mem::take(&mut self.outboxes)
+            .into_iter()
+            .map(|Outbox { to, calls, .. }| {
+                let (keys, calls): (Vec<_>, Vec<_>) = calls
+                    .into_iter()
+                    .map(|o| ((o.persistence_id, o.instance, o.id), o.call))
+                    .unzip();
+                let replies = match <[ReplicaCall; 1]>::try_from(calls) {
+                    Ok([call]) => {
+                        let reply = self.caller.call_any(&to, call);
+                        async move { vec![reply.await] }.boxed()
+                    }
+                    Err(calls) => self.caller.call_batch(&to, calls),
+                };
+                let answers = self.answers.clone();
+                async move {
+                    let batch = keys
+                        .into_iter()
+                        .zip(replies.await)
+                        .map(|((persistence_id, instance, id), reply)| Answer {
+                            persistence_id,
+                            instance,
+                            id,
+                            result: CallResult::from_reply(reply),
+                        })
+                        .collect();
+                    let _ = answers.send(batch).await;
+                }
+            })
+            .collect();
+        tokio::spawn(futures::future::join_all(sends));
+    }
+
+    /// Queues a writer's call for the end of this turn. It joins the turn's last message to
+    /// its node when both carry only calls with small answers and there is room: calls to a
+    /// node leave in the order they were made.
+    fn enqueue(&mut self, to: Address, outgoing: Outgoing) {
+        // A call whose answer may be large fills its message alone.
+        let size_bytes = if small_answer_call(&outgoing.call) {
+            call_size_estimate(&outgoing.call)
+        } else {
+            MAX_BATCH_BYTES + 1
+        };
+        if let Some(outbox) = self.outboxes.iter_mut().rev().find(|o| o.to == to)
+            && outbox.calls.len() < MAX_BATCH_CALLS
+            && outbox.size_bytes + size_bytes <= MAX_BATCH_BYTES
+        {
+            outbox.size_bytes += size_bytes;
+            outbox.calls.push(outgoing);
+            return;
+        }
+        self.outboxes.push(Outbox {
+            to,
+            calls: vec![outgoing],
+            size_bytes,
+        });
     }
 
     fn on_membership(&mut self, snapshot: &ClusterSnapshot) {
@@ -524,6 +638,12 @@ impl Actor {
         op
     }
 
+    fn on_answers(&mut self, batch: Vec<Answer>) {
+        for answer in batch {
+            self.on_answer(answer);
+        }
+    }
+
     fn on_answer(&mut self, answer: Answer) {
         let now = Instant::now();
         let Some(slot) = self.slots.get_mut(&answer.persistence_id) else {
@@ -623,20 +743,23 @@ impl Actor {
                     to,
                     request: body,
                 } => {
-                    let answer = self.caller.call(&to, id, body);
-                    let answers = self.answers.clone();
-                    let persistence_id = id.clone();
-                    tokio::spawn(async move {
-                        let result = answer.await;
-                        let _ = answers
-                            .send(Answer {
-                                persistence_id,
-                                instance,
-                                id: request,
-                                result,
-                            })
-                            .await;
-                    });
+                    let call = ReplicaCall {
+                        log: id.to_string(),
+                        storage_id: match &to {
+                            Target::Replica(r) => Some(r.storage_id),
+                            Target::Address(_) => None,
+                        },
+                        request: ReplicaRequest::Log(body),
+                    };
+                    self.enqueue(
+                        to.address().clone(),
+                        Outgoing {
+                            persistence_id: id.clone(),
+                            instance,
+                            id: request,
+                            call,
+                        },
+                    );
                 }
                 Output::Ready { .. } => {
                     if let Some(slot) = self.slots.get_mut(id) {
@@ -715,6 +838,13 @@ impl Actor {
                 let _ = reply.send(result);
             }
         }
+    }
+}
+
+fn small_answer_call(call: &ReplicaCall) -> bool {
+    match &call.request {
+        ReplicaRequest::Log(request) => small_answer(request),
+        _ => false,
     }
 }
 
