@@ -115,11 +115,12 @@ async fn run(cli: Cli) -> ExitCode {
                 std::env::temp_dir().join(format!("tessera-bench-journal-{}", std::process::id()))
             });
             if args.replicated {
-                let params = if args.quick {
+                let mut params = if args.quick {
                     tessera::bench::replicated::ReplicatedBenchParams::quick(dir)
                 } else {
                     tessera::bench::replicated::ReplicatedBenchParams::full(dir)
                 };
+                params.keep_only(args.only);
                 return match tessera::bench::replicated::run(params, args.json).await {
                     Ok(_) => ExitCode::SUCCESS,
                     Err(e) => {

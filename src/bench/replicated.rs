@@ -72,6 +72,21 @@ impl ReplicatedBenchParams {
     }
 }
 
+impl ReplicatedBenchParams {
+    /// Keeps only the append workloads, or only the replay and recovery ones.
+    pub fn keep_only(&mut self, only: Option<crate::cli::JournalWorkloadKind>) {
+        use crate::cli::JournalWorkloadKind;
+        match only {
+            Some(JournalWorkloadKind::Append) => {
+                self.replay_logs = 0;
+                self.recover_events = 0;
+            }
+            Some(JournalWorkloadKind::Replay) => self.append_logs.clear(),
+            None => {}
+        }
+    }
+}
+
 /// One result row.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplicatedBenchRow {
