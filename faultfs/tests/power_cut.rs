@@ -23,6 +23,19 @@ fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Asserts that `actual` is `expected`, naming the first difference rather than printing
+/// kilobytes.
+fn assert_bytes(actual: &[u8], expected: &[u8], what: &str) {
+    if actual != expected {
+        let at = actual.iter().zip(expected).position(|(a, b)| a != b);
+        panic!(
+            "{what}: {} bytes where {} were expected; first difference at {at:?}",
+            actual.len(),
+            expected.len()
+        );
+    }
+}
+
 #[test]
 fn a_cut_keeps_what_was_fsynced_and_loses_the_rest() {
     let Some((fs, backing, mountpoint)) = mounted("a_cut_keeps_what_was_fsynced") else {
@@ -76,16 +89,20 @@ fn a_cut_keeps_what_was_fsynced_and_loses_the_rest() {
 
     // What the disk holds: the last fsync of each file; names are durable at once.
     let on_disk = |name: &str| read(&backing.path().join(name));
-    assert_eq!(on_disk("synced"), vec![b's'; 10_000]);
+    assert_bytes(&on_disk("synced"), &[b's'; 10_000], "synced on disk");
     assert_eq!(on_disk("never"), b"");
-    assert_eq!(on_disk("old"), vec![b'o'; 5000]);
+    assert_bytes(&on_disk("old"), &[b'o'; 5000], "old on disk");
     assert_eq!(on_disk("dir/renamed"), b"");
     assert!(!backing.path().join("dir/renamed-away").exists());
 
     // Mounted again, the files read as they are on disk.
     let fs = FaultFs::mount(backing.path(), mountpoint.path()).unwrap();
-    assert_eq!(read(&at("synced")), vec![b's'; 10_000]);
-    assert_eq!(read(&at("old")), vec![b'o'; 5000]);
+    assert_bytes(
+        &read(&at("synced")),
+        &[b's'; 10_000],
+        "synced, mounted again",
+    );
+    assert_bytes(&read(&at("old")), &[b'o'; 5000], "old, mounted again");
     fs.unmount().unwrap();
 }
 
