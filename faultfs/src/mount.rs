@@ -186,7 +186,8 @@ impl FaultFs {
         let Some(server) = self.server.take() else {
             return Ok(());
         };
-        if !ended_within(&server, SERVER_END_WAIT) {
+        let aborted = !ended_within(&server, SERVER_END_WAIT);
+        if aborted {
             abort_connection(self.device).map_err(|e| {
                 io::Error::other(format!(
                     "{} is unmounted, but its FUSE connection lives on (a copy of the mount in \
@@ -202,6 +203,8 @@ impl FaultFs {
             }
         }
         match server.join() {
+            // Reads of an aborted connection fail so (on kernels since 4.20).
+            Ok(Err(e)) if aborted && e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
             Ok(result) => result,
             Err(_) => Err(io::Error::other("the FUSE server thread panicked")),
         }
