@@ -1,8 +1,9 @@
 //! Power-loss loop (issue 18): a node's four stores — the RocksDB journal, the replica store
-//! (the same journal under the replicated journal of a one-node `Persistence`), the snapshot
-//! store (saves of its own and of the replicated journal) and the durable Distributed Data
-//! keys — run in a child process on a [`FaultFs`] mount, which keeps every write that is not
-//! fsynced in memory. The child prints a line before each write and one after each
+//! (the same journal under the replicated journal, here of three nodes in one process, N = 3
+//! and W = 2, written through a node drawn for each child), the snapshot store (saves of its
+//! own and of the replicated journal) and the durable Distributed Data keys — run in a child
+//! process on a [`FaultFs`] mount, which keeps every write that is not fsynced in memory: a
+//! cut is the power loss of a whole cluster. The child prints a line before each write and one after each
 //! acknowledgement; the parent cuts the power at a random moment (every write not yet
 //! fsynced is gone), kills the child, and starts the next child on what the disk kept. That
 //! child first opens every store (recovering from the cut, which may itself be cut), reads
@@ -29,7 +30,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use tessera_faultfs::FaultFs;
 use tessera_journal::FsyncPolicy;
-use writes::{Violation, Writes, check};
+use writes::{Violation, Writes, check, is_finding};
 
 /// The child's data directory (on the mount); set only for the child.
 const CHILD_DIR_ENV: &str = "TESSERA_POWER_LOSS_CHILD_DIR";
@@ -202,9 +203,7 @@ fn power_loss_loop(
             };
             match child.lines.recv_timeout(wait) {
                 Ok(line) if line == "verified" => verified = true,
-                Ok(line) if line.starts_with("found ") || line.starts_with("corrupt ") => {
-                    found.push(line)
-                }
+                Ok(line) if is_finding(&line) => found.push(line),
                 Ok(line) if line.starts_with("error ") => panic!(
                     "{test}: iteration {iteration}: the child failed: {line}\n{}",
                     child.stderr_tail()
@@ -235,17 +234,21 @@ fn power_loss_loop(
             if verified {
                 std::thread::sleep(workload_cut_after);
             }
-            // Up to the cut the child must be writing: a write failing without a cut, or a
-            // child that stopped, is a failure the cut must not hide.
+            // Up to the cut the child must be writing: with fsync on, a write failing without
+            // a cut, or a child that stopped, is a failure the cut must not hide. (Without
+            // fsync, earlier cuts may have damaged a log for good.)
             while let Ok(line) = child.lines.try_recv() {
                 assert!(
-                    !line.starts_with("stopped ") && !line.starts_with("error "),
+                    fsync != "always"
+                        || !line.starts_with("stopped ") && !line.starts_with("error "),
                     "{test}: iteration {iteration}: before the cut: {line}\n{}",
                     child.stderr_tail()
                 );
                 workload_lines.push(line);
             }
-            if let Some(status) = child.child.try_wait().unwrap() {
+            if let Some(status) = child.child.try_wait().unwrap()
+                && fsync == "always"
+            {
                 panic!(
                     "{test}: iteration {iteration}: the child ended before the cut: \
                      {status}\n{}",
@@ -263,7 +266,7 @@ fn power_loss_loop(
         }
         // Lines printed before the cut, and (acknowledgements of durable writes) after it.
         while let Ok(line) = child.lines.try_recv() {
-            if line.starts_with("found ") || line.starts_with("corrupt ") {
+            if is_finding(&line) {
                 found.push(line);
             } else {
                 workload_lines.push(line);

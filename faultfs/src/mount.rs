@@ -186,8 +186,13 @@ impl FaultFs {
         let Some(server) = self.server.take() else {
             return Ok(());
         };
-        let aborted = !ended_within(&server, SERVER_END_WAIT);
-        if aborted {
+        if !ended_within(&server, SERVER_END_WAIT) {
+            eprintln!(
+                "tessera-faultfs: {} is unmounted but its server did not end within {:?}: \
+                 aborting its FUSE connection",
+                self.mountpoint.display(),
+                SERVER_END_WAIT
+            );
             abort_connection(self.device).map_err(|e| {
                 io::Error::other(format!(
                     "{} is unmounted, but its FUSE connection lives on (a copy of the mount in \
@@ -203,8 +208,10 @@ impl FaultFs {
             }
         }
         match server.join() {
-            // Reads of an aborted connection fail so (on kernels since 4.20).
-            Ok(Err(e)) if aborted && e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
+            // Reads of an aborted connection fail so (Linux since 4.20): the session is over
+            // all the same, whoever aborted it (this unmount, or an abort written to the
+            // control filesystem by someone else while the server was still ending).
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
             Ok(result) => result,
             Err(_) => Err(io::Error::other("the FUSE server thread panicked")),
         }

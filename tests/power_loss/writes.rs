@@ -107,8 +107,15 @@ pub struct Violation {
     pub what: String,
 }
 
-/// Checks a child's `found` and `corrupt` lines against what was acknowledged before it
-/// started.
+/// Whether a child's line reports what it found in the stores (as opposed to its workload).
+pub fn is_finding(line: &str) -> bool {
+    ["found ", "corrupt ", "unreadable "]
+        .iter()
+        .any(|prefix| line.starts_with(prefix))
+}
+
+/// Checks a child's `found`, `corrupt` and `unreadable` lines against what was acknowledged
+/// before it started.
 pub fn check(found: &[String], writes: &Writes) -> Vec<Violation> {
     let mut violations = Vec::new();
     let mut violation = |kind: &str, lost: bool, what: String| {
@@ -127,6 +134,8 @@ pub fn check(found: &[String], writes: &Writes) -> Vec<Violation> {
             .collect();
         match parts[..] {
             ["corrupt", kind, ..] => violation(kind, false, line.clone()),
+            // What cannot be read back is lost to its readers.
+            ["unreadable", kind, ..] => violation(kind, true, line.clone()),
             ["found", kind @ ("J" | "R"), pid, highest, deleted] => {
                 let (highest, deleted): (u64, u64) =
                     (highest.parse().unwrap_or(0), deleted.parse().unwrap_or(0));
