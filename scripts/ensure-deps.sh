@@ -3,6 +3,8 @@
 #   - a C/C++ toolchain and libclang (the rocksdb crate compiles RocksDB and runs bindgen).
 #   - Debian's chromium and chromium-driver for the dashboard's browser test (optional: where
 #     they cannot be installed this only says so, and the test skips).
+# The power-loss test (tests/power_loss.rs) needs no package: its FUSE filesystem mounts as
+# root with mount(2) on /dev/fuse (no libfuse, no fusermount); elsewhere it says why it skips.
 # Sourced by scripts/demo and scripts/test. Prints the exact command to run where it cannot
 # install by itself (not root and no password-less sudo, or no apt-get).
 set -euo pipefail

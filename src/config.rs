@@ -33,7 +33,7 @@ pub const CONFIG_FILE_ENV: &str = "TESSERA_CONFIG";
 /// The `TESSERA_*` variables that are not configuration keys, which the node accepts and
 /// ignores (everything else with the prefix is refused as a likely typo): the config file, the
 /// test tools' knobs (a node spawned by a test inherits them), and the CLI client's.
-pub const ENV_VARS_NOT_KEYS: [&str; 10] = [
+pub const ENV_VARS_NOT_KEYS: [&str; 12] = [
     // The config file, read by `NodeConfig::load`.
     CONFIG_FILE_ENV,
     // Seeds and trace of the deterministic simulation tests.
@@ -43,6 +43,9 @@ pub const ENV_VARS_NOT_KEYS: [&str; 10] = [
     "TESSERA_CRASH_SEED",
     "TESSERA_CRASH_ITERATIONS",
     "TESSERA_JOURNAL_CRASH_CHILD_DIR",
+    // The power-loss loop's child (tests/power_loss.rs).
+    "TESSERA_POWER_LOSS_CHILD_DIR",
+    "TESSERA_POWER_LOSS_CHILD_MODE",
     // The cluster singleton's simulation test.
     "TESSERA_SINGLETON_SIM_SEED",
     // Keeps the multi-process tests' directories for inspection.
@@ -1855,7 +1858,7 @@ mod tests {
 
     #[test]
     fn the_variables_of_tools_and_the_client_are_not_refused() {
-        assert_eq!(ENV_VARS_NOT_KEYS.len(), 10);
+        assert_eq!(ENV_VARS_NOT_KEYS.len(), 12);
         for name in [
             "TESSERA_CONFIG",
             "TESSERA_SIM_SEEDS",
@@ -1865,6 +1868,8 @@ mod tests {
             "TESSERA_SINGLETON_SIM_SEED",
             "TESSERA_KEEP_TEST_DIRS",
             "TESSERA_JOURNAL_CRASH_CHILD_DIR",
+            "TESSERA_POWER_LOSS_CHILD_DIR",
+            "TESSERA_POWER_LOSS_CHILD_MODE",
             "TESSERA_NODE",
             "TESSERA_TOKEN",
         ] {

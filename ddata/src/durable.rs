@@ -8,7 +8,9 @@ use crate::codec;
 use crate::envelope::DataEnvelope;
 use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use std::path::{Path, PathBuf};
-use tessera_storage::{self as storage, FORMAT_VERSION_KEY, RecordFormat, StoreFormatError};
+use tessera_storage::{
+    self as storage, FORMAT_VERSION_KEY, FsyncPolicy, RecordFormat, StoreFormatError,
+};
 
 /// The store format version this release writes; stores with a higher one are refused, and
 /// older ones are read and marked with this one when opened:
@@ -50,9 +52,15 @@ pub struct DurableStore {
 }
 
 impl DurableStore {
-    /// Opens (or creates) the store at `path`. A store of a newer format is refused without
-    /// changing a byte.
+    /// Opens (or creates) the store at `path`, fsyncing every write. A store of a newer
+    /// format is refused without changing a byte.
     pub fn open(path: &Path) -> Result<Self, DurableStoreError> {
+        Self::open_with(path, FsyncPolicy::Always)
+    }
+
+    /// [`DurableStore::open`] with the durability of its writes given: a node always
+    /// fsyncs; `Never` is for tests that show what a power cut does without it.
+    pub fn open_with(path: &Path, fsync: FsyncPolicy) -> Result<Self, DurableStoreError> {
         let storage_error = |detail: String| DurableStoreError::Storage {
             path: path.to_path_buf(),
             detail,
@@ -71,7 +79,7 @@ impl DurableStore {
         let db = DB::open_cf_descriptors(&options, path, cfs)
             .map_err(|e| storage_error(e.to_string()))?;
         let mut sync = WriteOptions::default();
-        sync.set_sync(true);
+        sync.set_sync(fsync == FsyncPolicy::Always);
         let store = DurableStore {
             db,
             path: path.to_path_buf(),
@@ -130,7 +138,7 @@ impl DurableStore {
         Ok(entries)
     }
 
-    /// Writes the entries in one fsynced batch.
+    /// Writes the entries in one batch, fsynced (unless opened with `FsyncPolicy::Never`).
     pub fn store(&self, entries: &[(String, DataEnvelope)]) -> Result<(), DurableStoreError> {
         let cf = self.cf(CF_DATA)?;
         let mut batch = WriteBatch::default();

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::transport::{Lane, Transport, TransportError, services};
 use tessera_metrics::LatencyFamily;
+use tessera_storage::FsyncPolicy;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Settings of a running Replicator.
@@ -43,6 +44,10 @@ pub struct ReplicatorSettings {
     /// [`DurableWriteError::QueueFull`] (counted in `durable_failures`), their
     /// acknowledgements are withheld, and the Replicator goes on serving everything else.
     pub durable_queue_capacity: usize,
+    /// Durability of the durable store's writes: `Always` on every node (an update of a
+    /// durable key is acknowledged after the fsync); `Never` only for tests that show what a
+    /// power cut does without it.
+    pub durable_fsync: FsyncPolicy,
 }
 
 impl Default for ReplicatorSettings {
@@ -53,6 +58,7 @@ impl Default for ReplicatorSettings {
             service_queue_capacity: 8192,
             durable_dir: None,
             durable_queue_capacity: 1024,
+            durable_fsync: FsyncPolicy::Always,
         }
     }
 }
@@ -375,7 +381,8 @@ pub async fn start<T: Transport>(
         (None, false) => return Err(ReplicatorStartError::NoDurableDir),
         (Some(dir), false) => {
             let dir = dir.clone();
-            let opened = tokio::task::spawn_blocking(move || DurableStore::open(&dir))
+            let fsync = settings.durable_fsync;
+            let opened = tokio::task::spawn_blocking(move || DurableStore::open_with(&dir, fsync))
                 .await
                 .map_err(|e| DurableStoreError::Storage {
                     path: PathBuf::new(),
