@@ -31,7 +31,7 @@ pub fn sharding_frame(data: &[u8]) {
 
 /// Panics unless `state` keeps its invariant: its shard homes and its regions' shard sets
 /// describe the same allocation, to registered regions.
-fn assert_consistent(state: &CoordinatorState) {
+pub(super) fn assert_consistent(state: &CoordinatorState) {
     for (shard, region) in state.shards() {
         assert!(
             state

@@ -8,7 +8,7 @@
 //! that it checks what its decoder promises: what decodes encodes back to bytes that decode to
 //! the same value, and decoders of the same bytes agree. A few targets go past the decoder
 //! into the state machine the messages drive (`cluster_core`, `ddata_replicator`,
-//! `replica_requests`, `coordinator_state`), since that is where a hostile message does its
+//! `replica_requests`, `coordinator_state`, `sharding_machines`), since that is where a hostile message does its
 //! harm.
 //!
 //! [`TARGETS`] lists them with their seeds (valid encodings); `tests/fuzz_targets.rs` runs
@@ -24,6 +24,7 @@ mod ddata;
 mod entities;
 mod journal;
 mod replica;
+mod sharding;
 mod snapshot;
 
 use std::fmt::Debug;
@@ -67,6 +68,7 @@ targets![
     replica::replica_requests,
     coordinator::sharding_frame,
     coordinator::coordinator_state,
+    sharding::sharding_machines,
     entities::entity_codec,
     config::config_file,
 ];
