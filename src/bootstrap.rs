@@ -333,24 +333,29 @@ async fn probe(
         }
         body.extend_from_slice(&chunk);
     }
-    let answer: SeedNodesAnswer = serde_json::from_slice(&body)
-        .map_err(|e| format!("{url}: not a seed-nodes answer: {e}"))?;
+    parse_seed_nodes_answer(&body).map_err(|e| format!("{url}: {e}"))
+}
+
+/// What a contact point's `/bootstrap/seed-nodes` answered, from the body's bytes.
+pub fn parse_seed_nodes_answer(body: &[u8]) -> Result<ProbeAnswer, String> {
+    let answer: SeedNodesAnswer =
+        serde_json::from_slice(body).map_err(|e| format!("not a seed-nodes answer: {e}"))?;
     let self_node = answer
         .self_node
         .parse::<Address>()
-        .map_err(|e| format!("{url}: self_node: {e}"))?;
+        .map_err(|e| format!("self_node: {e}"))?;
     let seed_nodes = answer
         .seed_nodes
         .iter()
         .map(|s| s.node.parse::<Address>())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{url}: seed node: {e}"))?;
+        .map_err(|e| format!("seed node: {e}"))?;
     let joining_via = answer
         .joining_via
         .iter()
         .map(|s| s.parse::<Address>())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{url}: joining via: {e}"))?;
+        .map_err(|e| format!("joining via: {e}"))?;
     Ok(ProbeAnswer {
         self_node,
         seed_nodes,

@@ -9,6 +9,8 @@ pub mod config;
 pub mod dashboard;
 pub mod demo;
 pub mod entities;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 #[doc(hidden)]
 pub mod http_client;

@@ -13,6 +13,8 @@
 
 pub mod allocation;
 pub mod coordinator;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod host;
 pub mod messages;
 pub mod region;

@@ -249,7 +249,7 @@ impl RememberStore for DdataRememberStore {
 
 /// A change of a shard's remembered ids, as stored in its journal log.
 #[derive(Serialize, Deserialize)]
-enum RememberEvent {
+pub(crate) enum RememberEvent {
     Started(Vec<String>),
     Stopped(Vec<String>),
 }

@@ -58,7 +58,7 @@ pub trait CoordinatorStoreFactory: Send + Sync + 'static {
 
 /// The stored form of the state: plain lists, readable as JSON in `GET /ddata`.
 #[derive(Serialize, Deserialize)]
-struct StoredState {
+pub(crate) struct StoredState {
     version: u32,
     remember_entities: bool,
     regions: Vec<(RegionId, Vec<u32>)>,
@@ -68,7 +68,7 @@ struct StoredState {
 
 const STORED_STATE_VERSION: u32 = 1;
 
-fn to_stored(state: &CoordinatorState) -> StoredState {
+pub(crate) fn to_stored(state: &CoordinatorState) -> StoredState {
     StoredState {
         version: STORED_STATE_VERSION,
         remember_entities: state.remember_entities(),
@@ -82,7 +82,7 @@ fn to_stored(state: &CoordinatorState) -> StoredState {
     }
 }
 
-fn from_stored(stored: StoredState) -> Result<CoordinatorState, StoreError> {
+pub(crate) fn from_stored(stored: StoredState) -> Result<CoordinatorState, StoreError> {
     if stored.version != STORED_STATE_VERSION {
         return Err(StoreError::Fatal(format!(
             "stored coordinator state has version {} (expected {STORED_STATE_VERSION})",

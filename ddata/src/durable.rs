@@ -129,10 +129,7 @@ impl DurableStore {
                 key: name.clone(),
                 detail,
             };
-            let (_, body) = storage::unseal(DURABLE_RECORDS, &key, &value)
-                .map_err(|e| corrupt(e.to_string()))?;
-            let envelope: DataEnvelope =
-                codec::decode("durable data envelope", body).map_err(|e| corrupt(e.to_string()))?;
+            let envelope = decode_record(&key, &value).map_err(corrupt)?;
             entries.push((name, envelope));
         }
         Ok(entries)
@@ -143,17 +140,13 @@ impl DurableStore {
         let cf = self.cf(CF_DATA)?;
         let mut batch = WriteBatch::default();
         for (key, envelope) in entries {
-            let body = codec::encode("durable data envelope", envelope).map_err(|e| {
+            let record = encode_record(key.as_bytes(), envelope).map_err(|detail| {
                 DurableStoreError::Storage {
                     path: self.path.clone(),
-                    detail: e.to_string(),
+                    detail,
                 }
             })?;
-            batch.put_cf(
-                cf,
-                key.as_bytes(),
-                storage::seal(DURABLE_RECORDS, key.as_bytes(), &body),
-            );
+            batch.put_cf(cf, key.as_bytes(), record);
         }
         self.db
             .write_opt(batch, &self.sync)
@@ -162,6 +155,23 @@ impl DurableStore {
                 detail: e.to_string(),
             })
     }
+}
+
+/// The sealed record of `envelope` stored under `key`.
+pub(crate) fn encode_record(key: &[u8], envelope: &DataEnvelope) -> Result<Vec<u8>, String> {
+    let body = codec::encode("durable data envelope", envelope).map_err(|e| e.to_string())?;
+    Ok(seal_record(key, &body))
+}
+
+/// `body` sealed as a record of the current format stored under `key`.
+pub(crate) fn seal_record(key: &[u8], body: &[u8]) -> Vec<u8> {
+    storage::seal(DURABLE_RECORDS, key, body)
+}
+
+/// The envelope of the record `value` stored under `key`: checksum verified, then decoded.
+pub(crate) fn decode_record(key: &[u8], value: &[u8]) -> Result<DataEnvelope, String> {
+    let (_, body) = storage::unseal(DURABLE_RECORDS, key, value).map_err(|e| e.to_string())?;
+    codec::decode("durable data envelope", body).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

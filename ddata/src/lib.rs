@@ -24,6 +24,8 @@ pub mod durable;
 pub mod durable_writer;
 pub mod envelope;
 pub mod flag;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod g_counter;
 pub mod g_set;
 pub mod lww_map;

@@ -13,6 +13,8 @@
 mod config;
 mod entry;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod journal;
 mod record;
 mod rocks;

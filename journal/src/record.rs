@@ -127,7 +127,7 @@ const RECORD_FORMAT_VARINT_BLAKE3: u8 = 2;
 const RECORD_FORMAT_FIXED: u8 = 1;
 
 /// Event records: xxh3 checksums from format 3 on, keyed BLAKE3 before.
-const EVENT_RECORDS: RecordFormat = RecordFormat::new(RECORD_FORMAT_VERSION, 3);
+pub(crate) const EVENT_RECORDS: RecordFormat = RecordFormat::new(RECORD_FORMAT_VERSION, 3);
 
 /// The two body layouts, named by the first format that has them: constant parameters of
 /// the decoding, so that each layout is decoded along one straight path.

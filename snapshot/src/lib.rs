@@ -6,6 +6,8 @@
 //! records. The quorum-replicated store will implement the same trait.
 
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod rocks;
 mod store;
 

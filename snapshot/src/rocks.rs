@@ -32,7 +32,7 @@ pub const STORE_FORMAT_VERSION: u32 = 2;
 /// The snapshot record format this release writes; it reads this one and every earlier one.
 /// The body is postcard of [`StoredSnapshot`] in both; format 1 is sealed with keyed BLAKE3,
 /// format 2 with xxh3 (see [`RecordFormat`]).
-const SNAPSHOT_RECORDS: RecordFormat = RecordFormat::new(2, 2);
+pub(crate) const SNAPSHOT_RECORDS: RecordFormat = RecordFormat::new(2, 2);
 
 const CF_SNAPSHOTS: &str = "snapshots";
 const CF_META: &str = "meta";
@@ -64,7 +64,7 @@ struct StoredSnapshot<'a> {
     payload: &'a [u8],
 }
 
-fn snapshot_key(persistence_id: &str, sequence_nr: u64) -> Vec<u8> {
+pub(crate) fn snapshot_key(persistence_id: &str, sequence_nr: u64) -> Vec<u8> {
     let mut key = log_prefix(persistence_id);
     key.extend_from_slice(&sequence_nr.to_be_bytes());
     key
@@ -79,9 +79,62 @@ fn log_prefix(persistence_id: &str) -> Vec<u8> {
     key
 }
 
-fn sequence_nr_of(key: &[u8]) -> Option<u64> {
+pub(crate) fn sequence_nr_of(key: &[u8]) -> Option<u64> {
     let tail = key.len().checked_sub(8)?;
     Some(u64::from_be_bytes(key[tail..].try_into().ok()?))
+}
+
+/// The snapshot in the sealed record `value` of (`persistence_id`, `sequence_nr`), stored under
+/// `key`: checksum verified, then decoded.
+pub(crate) fn decode_record(
+    persistence_id: &str,
+    sequence_nr: u64,
+    key: &[u8],
+    value: &[u8],
+) -> Result<Snapshot, SnapshotError> {
+    let corrupt = |detail: String| SnapshotError::Corrupt {
+        persistence_id: persistence_id.to_string(),
+        sequence_nr,
+        detail,
+    };
+    let (_, body) = storage::unseal(SNAPSHOT_RECORDS, key, value).map_err(|e| match e {
+        UnsealError::NewerVersion { found, supported } => SnapshotError::NewerRecordVersion {
+            persistence_id: persistence_id.to_string(),
+            sequence_nr,
+            found,
+            supported,
+        },
+        other => corrupt(other.to_string()),
+    })?;
+    let stored: StoredSnapshot<'_> =
+        postcard::from_bytes(body).map_err(|e| corrupt(format!("undecodable body: {e}")))?;
+    Ok(Snapshot {
+        metadata: SnapshotMetadata {
+            persistence_id: persistence_id.to_string(),
+            sequence_nr,
+            timestamp_ms: stored.timestamp_ms,
+        },
+        manifest: Manifest::new(stored.manifest_type, stored.manifest_version),
+        payload: Bytes::copy_from_slice(stored.payload),
+    })
+}
+
+/// The sealed record of a snapshot stored under `key`.
+pub(crate) fn encode_record(
+    key: &[u8],
+    timestamp_ms: u64,
+    manifest: &Manifest,
+    payload: &[u8],
+) -> Result<Vec<u8>, SnapshotError> {
+    let stored = StoredSnapshot {
+        timestamp_ms,
+        manifest_type: &manifest.type_name,
+        manifest_version: manifest.version,
+        payload,
+    };
+    let body = postcard::to_allocvec(&stored)
+        .map_err(|e| SnapshotError::Storage(format!("cannot encode snapshot: {e}")))?;
+    Ok(storage::seal(SNAPSHOT_RECORDS, key, &body))
 }
 
 struct Inner {
@@ -96,40 +149,6 @@ impl Inner {
             .ok_or_else(|| SnapshotError::Storage("column family snapshots missing".into()))
     }
 
-    fn decode(
-        &self,
-        persistence_id: &str,
-        sequence_nr: u64,
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<Snapshot, SnapshotError> {
-        let corrupt = |detail: String| SnapshotError::Corrupt {
-            persistence_id: persistence_id.to_string(),
-            sequence_nr,
-            detail,
-        };
-        let (_, body) = storage::unseal(SNAPSHOT_RECORDS, key, value).map_err(|e| match e {
-            UnsealError::NewerVersion { found, supported } => SnapshotError::NewerRecordVersion {
-                persistence_id: persistence_id.to_string(),
-                sequence_nr,
-                found,
-                supported,
-            },
-            other => corrupt(other.to_string()),
-        })?;
-        let stored: StoredSnapshot<'_> =
-            postcard::from_bytes(body).map_err(|e| corrupt(format!("undecodable body: {e}")))?;
-        Ok(Snapshot {
-            metadata: SnapshotMetadata {
-                persistence_id: persistence_id.to_string(),
-                sequence_nr,
-                timestamp_ms: stored.timestamp_ms,
-            },
-            manifest: Manifest::new(stored.manifest_type, stored.manifest_version),
-            payload: Bytes::copy_from_slice(stored.payload),
-        })
-    }
-
     fn save(
         &self,
         metadata: &SnapshotMetadata,
@@ -137,15 +156,7 @@ impl Inner {
         payload: &[u8],
     ) -> Result<(), SnapshotError> {
         let key = snapshot_key(&metadata.persistence_id, metadata.sequence_nr);
-        let stored = StoredSnapshot {
-            timestamp_ms: metadata.timestamp_ms,
-            manifest_type: &manifest.type_name,
-            manifest_version: manifest.version,
-            payload,
-        };
-        let body = postcard::to_allocvec(&stored)
-            .map_err(|e| SnapshotError::Storage(format!("cannot encode snapshot: {e}")))?;
-        let value = storage::seal(SNAPSHOT_RECORDS, &key, &body);
+        let value = encode_record(&key, metadata.timestamp_ms, manifest, payload)?;
         self.db
             .put_cf_opt(self.snapshots()?, key, value, &self.write_options)?;
         Ok(())
@@ -193,7 +204,7 @@ impl Inner {
     ) -> Result<Option<Snapshot>, SnapshotError> {
         let mut found = None;
         self.scan(persistence_id, criteria, |sequence_nr, key, value| {
-            let snapshot = self.decode(persistence_id, sequence_nr, key, value)?;
+            let snapshot = decode_record(persistence_id, sequence_nr, key, value)?;
             if criteria.matches(sequence_nr, snapshot.metadata.timestamp_ms) {
                 found = Some(snapshot);
                 return Ok(false);
@@ -211,7 +222,7 @@ impl Inner {
         let mut doomed = Vec::new();
         self.scan(persistence_id, criteria, |sequence_nr, key, value| {
             let selected = criteria.any_timestamp() || {
-                let snapshot = self.decode(persistence_id, sequence_nr, key, value)?;
+                let snapshot = decode_record(persistence_id, sequence_nr, key, value)?;
                 criteria.matches(sequence_nr, snapshot.metadata.timestamp_ms)
             };
             if selected {

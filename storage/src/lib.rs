@@ -19,6 +19,7 @@ pub use fsync::FsyncPolicy;
 pub use manifest::Manifest;
 pub use names::{MAX_NAME_BYTES, name_excerpt, name_problem};
 pub use sealed::{
-    CHECKSUM_LEN, RecordFormat, SEAL_HEADER_LEN, UnsealError, seal, seal_in_place, unseal,
+    CHECKSUM_LEN, RecordFormat, SEAL_HEADER_LEN, UnsealError, seal, seal_as_version, seal_in_place,
+    unseal,
 };
 pub use store_format::{FORMAT_VERSION_KEY, StoreFormatError, check_store_format};

@@ -1,10 +1,10 @@
 //! The RocksDB journal: one database, a group-committing writer thread, and readers that
 //! iterate RocksDB on tokio's blocking pool.
 
-mod keys;
+pub(crate) mod keys;
 mod reader;
 mod recent;
-mod replica;
+pub(crate) mod replica;
 #[cfg(test)]
 mod tests;
 mod writer;
