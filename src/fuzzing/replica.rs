@@ -4,7 +4,10 @@
 use super::{assert_round_trip, chunked, chunks};
 use std::collections::BTreeMap;
 use tessera_persistence::StoredEvent;
-use tessera_persistence::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
+use tessera_persistence::wire::{
+    ReplicaCall, ReplicaCalls, ReplicaReply, ReplicaRequest, WireError, decode_replies,
+    encode_replies,
+};
 use tessera_replication::memory::{MemoryLog, ReadLimits};
 use tessera_replication::replica::Rules;
 
@@ -20,15 +23,46 @@ fn decode_call(data: &[u8]) -> Option<ReplicaCall> {
     Some(call)
 }
 
-/// Target `replica_message`: a writer's call to a replica, and a replica's reply.
+/// Decodes what a replica service receives (one call or a batch), checking round trips.
+fn decode_calls(data: &[u8]) -> Vec<ReplicaCall> {
+    match ReplicaCalls::decode(data) {
+        Ok(ReplicaCalls::One(_)) => decode_call(data).into_iter().collect(),
+        Ok(ReplicaCalls::Batch(calls)) => {
+            assert_round_trip(
+                "batch of replica calls",
+                &calls,
+                |c| ReplicaCalls::encode_batch(c),
+                |b| match ReplicaCalls::decode(b) {
+                    Ok(ReplicaCalls::Batch(calls)) => Ok(calls),
+                    other => Err(format!("{other:?}")),
+                },
+            );
+            calls
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Target `replica_message`: a writer's call (or batch of calls) to a replica, and a
+/// replica's reply (or batch of replies).
 pub fn replica_message(data: &[u8]) {
-    decode_call(data);
+    decode_calls(data);
     if let Ok(reply) = ReplicaReply::decode(data) {
         assert_round_trip(
             "replica reply",
             &reply,
             ReplicaReply::encode,
             ReplicaReply::decode,
+        );
+    }
+    // A batch of replies is taken only with the number of calls it answers: decode with a
+    // count no batch has, then with the count found.
+    if let Err(WireError::BatchLength { found, .. }) = decode_replies(data, usize::MAX) {
+        assert_round_trip(
+            "batch of replica replies",
+            &decode_replies(data, found).expect("replies decode with their own count"),
+            |r| encode_replies(r),
+            |b| decode_replies(b, found),
         );
     }
 }
@@ -78,10 +112,7 @@ fn assert_consistent(name: &str, log: &MemoryLog<StoredEvent>) {
 pub fn replica_requests(data: &[u8]) {
     let rules = Rules::default();
     let mut logs: BTreeMap<String, MemoryLog<StoredEvent>> = BTreeMap::new();
-    for piece in chunks(data) {
-        let Some(call) = decode_call(piece) else {
-            continue;
-        };
+    for call in chunks(data).flat_map(decode_calls) {
         // Snapshot requests go to the snapshot store, after a look at the log's promise.
         let ReplicaRequest::Log(request) = call.request else {
             continue;
@@ -294,13 +325,20 @@ pub mod seeds {
 
     /// Seeds of `replica_message`: every kind of call and reply.
     pub fn replica_message() -> Vec<Vec<u8>> {
+        let batches = [
+            ReplicaCalls::encode_batch(&calls()).ok(),
+            encode_replies(&replies()).ok(),
+        ];
         let calls = calls().into_iter().filter_map(|c| c.encode().ok());
         let replies = replies().into_iter().filter_map(|r| r.encode().ok());
-        calls.chain(replies).collect()
+        calls
+            .chain(replies)
+            .chain(batches.into_iter().flatten())
+            .collect()
     }
 
-    /// Seeds of `replica_requests`: a writer's life on one log, and the same calls on two
-    /// logs interleaved.
+    /// Seeds of `replica_requests`: a writer's life on one log, the same calls on two logs
+    /// interleaved, and the first as one batch.
     pub fn replica_requests() -> Vec<Vec<u8>> {
         let encoded: Vec<Vec<u8>> = calls().iter().filter_map(|c| c.encode().ok()).collect();
         let other_log: Vec<Vec<u8>> = calls()
@@ -315,9 +353,11 @@ pub mod seeds {
             .iter()
             .zip(&other_log)
             .flat_map(|(a, b)| [a.as_slice(), b.as_slice()]);
+        let batch = ReplicaCalls::encode_batch(&calls()).unwrap_or_default();
         vec![
             chunked(encoded.iter().map(Vec::as_slice)),
             chunked(interleaved),
+            chunked([batch.as_slice()]),
         ]
     }
 }
