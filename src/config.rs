@@ -75,6 +75,14 @@ pub const MAX_NUMBER_OF_SHARDS: u64 = 100_000;
 /// ours has would only keep a bootstrap from ever forming a cluster.
 pub const MAX_REQUIRED_CONTACT_POINTS: u64 = 1000;
 
+/// Smallest accepted `ddata_max_value_bytes` and `ddata_max_total_bytes`: an empty counter
+/// under a short key takes a few dozen bytes.
+pub const MIN_DDATA_VALUE_BYTES: u64 = 64;
+
+/// Largest accepted transport limit (peers, connections, pending requests): each unit costs
+/// a task, a socket or a table entry.
+pub const MAX_TRANSPORT_LIMIT: u64 = 1_000_000;
+
 /// Largest accepted `http_max_concurrent_requests` and `http_max_connections`: each costs a
 /// task and buffers, and a management API never needs more.
 pub const MAX_HTTP_LIMIT: u64 = 100_000;
@@ -164,6 +172,28 @@ pub struct NodeConfig {
     /// How many messages a shard region buffers for shards whose home it does not know yet;
     /// one more is refused with an error.
     pub shard_buffer_size: u32,
+    /// Live entities on this node over all entity types; beyond it each type passivates its
+    /// least recently used (0: no limit). See [`NodeConfig::node_active_entity_limit`].
+    pub node_active_entity_limit: u64,
+    /// Distributed Data keys this node's replica holds at most, deleted ones included; a new
+    /// key beyond it is refused, whether written here or arriving from a peer.
+    pub ddata_max_keys: u64,
+    /// Largest Distributed Data value (one key's encoded state), in bytes.
+    pub ddata_max_value_bytes: u64,
+    /// Distributed Data bytes (keys and encoded states) this node's replica holds at most.
+    pub ddata_max_total_bytes: u64,
+    /// Peers the transport keeps outbound queues for at once.
+    pub transport_max_peers: u32,
+    /// Inbound cluster connections served at once, authenticated or in their handshake.
+    pub transport_max_inbound_connections: u32,
+    /// Inbound cluster connections in their handshake at once; one more is closed at once.
+    pub transport_max_inbound_handshakes: u32,
+    /// Time a cluster connection has to complete its handshake.
+    pub transport_handshake_timeout: Duration,
+    /// Transport requests waiting for an answer at once.
+    pub transport_max_pending_requests: u32,
+    /// Transport requests waiting for an answer from one peer at once.
+    pub transport_max_pending_requests_per_peer: u32,
     /// Only members with this role host sharded entities and run their coordinators; the
     /// others route to them (proxy-only). None: every member hosts.
     pub sharding_role: Option<String>,
@@ -256,6 +286,20 @@ impl Default for NodeConfig {
             handoff_timeout: Duration::from_secs(60),
             active_entity_limit: 100_000,
             shard_buffer_size: 100_000,
+            // One type's default: a node of one type behaves as before, and more types share
+            // what one would have.
+            node_active_entity_limit: 100_000,
+            // Memory and anti-entropy stay sound well beyond a million keys, but a node's
+            // replica should not grow without an operator deciding so.
+            ddata_max_keys: 1_000_000,
+            ddata_max_value_bytes: 1024 * 1024,
+            ddata_max_total_bytes: 256 * 1024 * 1024,
+            transport_max_peers: 1024,
+            transport_max_inbound_connections: 1024,
+            transport_max_inbound_handshakes: 256,
+            transport_handshake_timeout: Duration::from_secs(5),
+            transport_max_pending_requests: 65_536,
+            transport_max_pending_requests_per_peer: 16_384,
             sharding_role: None,
             // Akka Management's Cluster Bootstrap defaults.
             contact_points: Vec::new(),
@@ -758,6 +802,41 @@ pub struct ConfigLayer {
     /// [default: 100000]
     #[arg(long, value_name = "N")]
     pub shard_buffer_size: Option<Scalar>,
+    /// Live entities on this node over all entity types, least recently used passivated
+    /// beyond it, 0 = no limit [default: 100000]
+    #[arg(long, value_name = "N")]
+    pub node_active_entity_limit: Option<Scalar>,
+    /// Distributed Data keys this node holds, deleted ones included; new keys beyond it are
+    /// refused [default: 1000000]
+    #[arg(long, value_name = "N")]
+    pub ddata_max_keys: Option<Scalar>,
+    /// Largest Distributed Data value, encoded, in bytes [default: 1048576]
+    #[arg(long, value_name = "BYTES")]
+    pub ddata_max_value_bytes: Option<Scalar>,
+    /// Distributed Data bytes (keys and encoded values) this node holds, at least
+    /// ddata_max_value_bytes [default: 268435456]
+    #[arg(long, value_name = "BYTES")]
+    pub ddata_max_total_bytes: Option<Scalar>,
+    /// Peers the cluster transport keeps send queues for at once [default: 1024]
+    #[arg(long, value_name = "N")]
+    pub transport_max_peers: Option<Scalar>,
+    /// Inbound cluster connections served at once [default: 1024]
+    #[arg(long, value_name = "N")]
+    pub transport_max_inbound_connections: Option<Scalar>,
+    /// Inbound cluster connections in their handshake at once; more are closed at once
+    /// [default: 256]
+    #[arg(long, value_name = "N")]
+    pub transport_max_inbound_handshakes: Option<Scalar>,
+    /// Time a cluster connection has to complete its handshake [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub transport_handshake_timeout: Option<Scalar>,
+    /// Cluster transport requests waiting for an answer at once [default: 65536]
+    #[arg(long, value_name = "N")]
+    pub transport_max_pending_requests: Option<Scalar>,
+    /// Cluster transport requests waiting for an answer from one peer at once, at most
+    /// transport_max_pending_requests [default: 16384]
+    #[arg(long, value_name = "N")]
+    pub transport_max_pending_requests_per_peer: Option<Scalar>,
     /// Hosts sharded entities only on members with this role; others route (proxy-only)
     /// [default: none]
     #[arg(long, value_name = "ROLE")]
@@ -1266,6 +1345,62 @@ impl NodeConfig {
                 parse_int(k, v, 1, u32::MAX.into()).map(|n| n as u32)
             })?
             .unwrap_or(d.shard_buffer_size),
+            node_active_entity_limit: opt(
+                layer.node_active_entity_limit,
+                "node_active_entity_limit",
+                |k, v| parse_int(k, v, 0, u64::MAX),
+            )?
+            .unwrap_or(d.node_active_entity_limit),
+            ddata_max_keys: opt(layer.ddata_max_keys, "ddata_max_keys", |k, v| {
+                parse_int(k, v, 1, u64::from(u32::MAX))
+            })?
+            .unwrap_or(d.ddata_max_keys),
+            ddata_max_value_bytes: opt(
+                layer.ddata_max_value_bytes,
+                "ddata_max_value_bytes",
+                |k, v| parse_int(k, v, MIN_DDATA_VALUE_BYTES, MAX_FRAME_SIZE_RANGE.1 / 2),
+            )?
+            .unwrap_or(d.ddata_max_value_bytes),
+            ddata_max_total_bytes: opt(
+                layer.ddata_max_total_bytes,
+                "ddata_max_total_bytes",
+                |k, v| parse_int(k, v, MIN_DDATA_VALUE_BYTES, u64::MAX),
+            )?
+            .unwrap_or(d.ddata_max_total_bytes),
+            transport_max_peers: opt(layer.transport_max_peers, "transport_max_peers", |k, v| {
+                parse_int(k, v, 1, MAX_TRANSPORT_LIMIT).map(|n| n as u32)
+            })?
+            .unwrap_or(d.transport_max_peers),
+            transport_max_inbound_connections: opt(
+                layer.transport_max_inbound_connections,
+                "transport_max_inbound_connections",
+                |k, v| parse_int(k, v, 1, MAX_TRANSPORT_LIMIT).map(|n| n as u32),
+            )?
+            .unwrap_or(d.transport_max_inbound_connections),
+            transport_max_inbound_handshakes: opt(
+                layer.transport_max_inbound_handshakes,
+                "transport_max_inbound_handshakes",
+                |k, v| parse_int(k, v, 1, MAX_TRANSPORT_LIMIT).map(|n| n as u32),
+            )?
+            .unwrap_or(d.transport_max_inbound_handshakes),
+            transport_handshake_timeout: opt(
+                layer.transport_handshake_timeout,
+                "transport_handshake_timeout",
+                parse_positive_duration,
+            )?
+            .unwrap_or(d.transport_handshake_timeout),
+            transport_max_pending_requests: opt(
+                layer.transport_max_pending_requests,
+                "transport_max_pending_requests",
+                |k, v| parse_int(k, v, 1, MAX_TRANSPORT_LIMIT).map(|n| n as u32),
+            )?
+            .unwrap_or(d.transport_max_pending_requests),
+            transport_max_pending_requests_per_peer: opt(
+                layer.transport_max_pending_requests_per_peer,
+                "transport_max_pending_requests_per_peer",
+                |k, v| parse_int(k, v, 1, MAX_TRANSPORT_LIMIT).map(|n| n as u32),
+            )?
+            .unwrap_or(d.transport_max_pending_requests_per_peer),
             sharding_role: match layer.sharding_role {
                 Some(role) if role.trim().is_empty() => None,
                 Some(role) => Some(parse_role(role.trim()).map_err(|_| {
@@ -1377,6 +1512,29 @@ impl NodeConfig {
 
     /// Rules that involve more than one key.
     fn check_rules(&self) -> Result<(), ConfigError> {
+        let at_most = [
+            (
+                "transport_max_pending_requests_per_peer",
+                u64::from(self.transport_max_pending_requests_per_peer),
+                "transport_max_pending_requests",
+                u64::from(self.transport_max_pending_requests),
+            ),
+            (
+                "ddata_max_value_bytes",
+                self.ddata_max_value_bytes,
+                "ddata_max_total_bytes",
+                self.ddata_max_total_bytes,
+            ),
+        ];
+        for (key, value, other, limit) in at_most {
+            if value > limit {
+                return Err(ConfigError::OutOfRange {
+                    key,
+                    value: value.to_string(),
+                    allowed: format!("at most {other} = {limit}"),
+                });
+            }
+        }
         let (n, w) = (self.journal_replication_factor, self.journal_write_quorum);
         if w * 2 <= n || w > n {
             return Err(ConfigError::WriteQuorum {
@@ -1477,6 +1635,12 @@ impl NodeConfig {
     /// The address the cluster transport binds to and advertises.
     pub fn cluster_address(&self) -> Address {
         Address::new(self.host.clone(), self.port)
+    }
+
+    /// `node_active_entity_limit` as a budget's limit: `None` for 0 (no limit).
+    pub fn node_active_entity_limit(&self) -> Option<usize> {
+        (self.node_active_entity_limit != 0)
+            .then(|| usize::try_from(self.node_active_entity_limit).unwrap_or(usize::MAX))
     }
 
     /// `active_entity_limit` as the entities host takes it: `None` for 0 (no limit).
@@ -1972,6 +2136,51 @@ mod tests {
         assert!(message.contains("stable_margin"), "{message}");
         assert!(message.contains("at most a year"), "{message}");
         assert!(from(&[("stable_margin", "365d")]).is_ok());
+    }
+
+    /// The caps on what a node holds: each read from the environment, and the rules between
+    /// them enforced naming the key.
+    #[test]
+    fn memory_caps_are_read_and_checked_against_each_other() {
+        let config = from(&[
+            ("node_active_entity_limit", "0"),
+            ("ddata_max_keys", "10"),
+            ("ddata_max_value_bytes", "100"),
+            ("ddata_max_total_bytes", "1000"),
+            ("transport_max_inbound_handshakes", "8"),
+            ("transport_handshake_timeout", "1s"),
+            ("transport_max_pending_requests", "100"),
+            ("transport_max_pending_requests_per_peer", "100"),
+        ])
+        .unwrap();
+        assert_eq!(config.node_active_entity_limit(), None);
+        assert_eq!(
+            (config.ddata_max_keys, config.ddata_max_total_bytes),
+            (10, 1000)
+        );
+        assert_eq!(config.transport_max_inbound_handshakes, 8);
+        assert_eq!(config.transport_handshake_timeout, Duration::from_secs(1));
+        let message = error(&[
+            ("transport_max_pending_requests", "100"),
+            ("transport_max_pending_requests_per_peer", "101"),
+        ]);
+        assert!(
+            message.contains("transport_max_pending_requests_per_peer")
+                && message.contains("at most transport_max_pending_requests = 100"),
+            "{message}"
+        );
+        let message = error(&[
+            ("ddata_max_value_bytes", "2000"),
+            ("ddata_max_total_bytes", "1000"),
+        ]);
+        assert!(message.contains("ddata_max_value_bytes"), "{message}");
+        let message = error(&[("ddata_max_keys", "0")]);
+        assert!(message.contains("ddata_max_keys"), "{message}");
+        let message = error(&[("transport_max_inbound_handshakes", "0")]);
+        assert!(
+            message.contains("transport_max_inbound_handshakes"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use tessera_coordinator::store::{CoordinatorStoreFactory, DdataStoreFactory, Jou
 use tessera_coordinator::wire::RegionSnapshot;
 use tessera_ddata::node::{ReplicatorHandle, ReplicatorSettings, ReplicatorStartError};
 use tessera_ddata::replicator::ReplicatorConfig;
-use tessera_entities::{EntityConfig, EntityHost, InvalidConfig};
+use tessera_entities::{ActiveEntityBudget, EntityConfig, EntityHost, InvalidConfig};
 use tessera_entities::{EntityLifecycle, EntityType};
 use tessera_journal::{FsyncPolicy, JournalConfig, JournalError, RocksJournal};
 use tessera_metrics::LatencyFamily;
@@ -294,6 +294,9 @@ pub fn replicator_settings(config: &NodeConfig) -> ReplicatorSettings {
         config: ReplicatorConfig {
             gossip_interval: config.gossip_interval,
             durable_keys,
+            max_keys: usize::try_from(config.ddata_max_keys).unwrap_or(usize::MAX),
+            max_value_bytes: usize::try_from(config.ddata_max_value_bytes).unwrap_or(usize::MAX),
+            max_total_bytes: usize::try_from(config.ddata_max_total_bytes).unwrap_or(usize::MAX),
             ..ReplicatorConfig::default()
         },
         durable_dir: Some(config.data_dir.join("ddata")),
@@ -301,9 +304,22 @@ pub fn replicator_settings(config: &NodeConfig) -> ReplicatorSettings {
     }
 }
 
+/// The budget of active entities every entity type of a node shares
+/// (`node_active_entity_limit`), or None without one.
+pub fn node_entity_budget(config: &NodeConfig) -> Option<ActiveEntityBudget> {
+    config
+        .node_active_entity_limit()
+        .and_then(|limit| ActiveEntityBudget::new(limit).ok())
+}
+
 /// The entity host settings a node configuration implies; `node_id` names this node
-/// incarnation in the events it writes.
-pub fn entity_config(config: &NodeConfig, node_id: String) -> EntityConfig {
+/// incarnation in the events it writes, and `budget` is the node's budget that every type
+/// shares ([`node_entity_budget`]).
+pub fn entity_config(
+    config: &NodeConfig,
+    node_id: String,
+    budget: Option<ActiveEntityBudget>,
+) -> EntityConfig {
     let defaults = EntityConfig::default();
     // Remembered entities keep running wherever their shard is (Akka turns automatic
     // passivation off with remember-entities): a passivated entity would be forgotten.
@@ -321,6 +337,7 @@ pub fn entity_config(config: &NodeConfig, node_id: String) -> EntityConfig {
             defaults.host_partitions.min(limit.max(1))
         }),
         active_entity_limit,
+        node_budget: budget.filter(|_| !remember),
         ..defaults
     }
 }
@@ -408,6 +425,12 @@ pub fn transport_config(config: &NodeConfig) -> TransportConfig {
             .as_ref()
             .map(|s| s.expose().to_string()),
         max_frame_size_bytes: config.max_frame_size,
+        max_peers: config.transport_max_peers as usize,
+        max_inbound_connections: config.transport_max_inbound_connections as usize,
+        max_inbound_handshakes: config.transport_max_inbound_handshakes as usize,
+        handshake_timeout: config.transport_handshake_timeout,
+        max_pending_requests: config.transport_max_pending_requests as usize,
+        max_pending_requests_per_peer: config.transport_max_pending_requests_per_peer as usize,
         ..TransportConfig::default()
     }
 }
@@ -443,6 +466,8 @@ pub(crate) async fn start_with_fsync(
         persistence_settings(config)?,
     )?);
     let mut entities = EntityTypes::new();
+    // One budget for every entity type of the node.
+    let budget = node_entity_budget(config);
     // Remember-entities hears every entity start and passivation of each type.
     let mut notes = std::collections::BTreeMap::new();
     let remember = config.remember_entities != RememberEntities::Off;
@@ -453,7 +478,7 @@ pub(crate) async fn start_with_fsync(
             Account,
             persistence.journal.clone(),
             persistence.snapshots.clone(),
-            entity_config(config, cluster.self_node().to_string()),
+            entity_config(config, cluster.self_node().to_string(), budget.clone()),
             entity_notes(tx),
         )?
     } else {
@@ -461,7 +486,7 @@ pub(crate) async fn start_with_fsync(
             Account,
             persistence.journal.clone(),
             persistence.snapshots.clone(),
-            entity_config(config, cluster.self_node().to_string()),
+            entity_config(config, cluster.self_node().to_string(), budget.clone()),
         )?
     };
     entities.register(account);
@@ -926,6 +951,7 @@ impl ClusterControl for NodeControl {
                 auth: transport.connections_refused_auth,
                 malformed: transport.connections_refused_malformed,
                 oversize: transport.connections_refused_oversize,
+                too_many_handshakes: transport.connections_refused_too_many_handshakes,
             },
             send_dropped_total: transport.send_dropped_queue_full,
             inbound_dropped_total: transport.inbound_dropped_queue_full
@@ -947,6 +973,17 @@ impl ClusterControl for NodeControl {
             sharding: self.sharding_metrics(),
             transport_peers: transport.peers,
             sends_refused_too_many_peers_total: transport.send_dropped_too_many_peers,
+            transport_inbound_connections: transport.inbound_connections,
+            transport_inbound_handshakes: transport.inbound_handshakes,
+            handshake_timeouts_total: transport.handshake_timeouts,
+            transport_requests_pending: transport.requests_pending,
+            transport_requests_pending_max_per_peer: self.transport.pending_requests_max_per_peer()
+                as u64,
+            requests_refused_too_many_pending_total: transport.requests_refused_too_many_pending,
+            requests_refused_too_many_pending_for_peer_total: transport
+                .requests_refused_too_many_pending_for_peer,
+            ddata_bytes: ddata.bytes.load(Relaxed),
+            ddata_refusals: ddata.refusals(),
             http: self.http_stats.snapshot(),
             latencies: http::Latencies {
                 entity_asks: self.entity_asks.clone(),

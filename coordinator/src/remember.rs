@@ -73,6 +73,10 @@ fn update_result(key: &str, result: UpdateResult) -> Result<(), StoreError> {
         ))),
         UpdateResult::Deleted => Err(StoreError::Fatal(format!("key {key} was deleted"))),
         UpdateResult::Invalid(reason) => Err(StoreError::Fatal(format!("key {key}: {reason}"))),
+        // The replica is full: retried, it may pass once an operator raised the limit.
+        UpdateResult::LimitReached(refused) => {
+            Err(StoreError::Unavailable(format!("writing {key}: {refused}")))
+        }
         UpdateResult::Failed(reason) => Err(StoreError::Unavailable(reason)),
     }
 }

@@ -226,6 +226,10 @@ impl CoordinatorStore for DdataStore {
                 UpdateResult::Invalid(reason) => {
                     Err(StoreError::Fatal(format!("key {key}: {reason}")))
                 }
+                // The replica is full: retried, it may pass once an operator raised the limit.
+                UpdateResult::LimitReached(refused) => {
+                    Err(StoreError::Unavailable(format!("writing {key}: {refused}")))
+                }
                 UpdateResult::Failed(reason) => Err(StoreError::Unavailable(reason)),
             }
         })

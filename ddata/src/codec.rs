@@ -41,6 +41,16 @@ pub fn encode<T: Serialize>(what: &'static str, data: &T) -> Result<Vec<u8>, Enc
     })
 }
 
+/// The length of [`encode`]'s output for `data`, computed without building it.
+pub fn encoded_size<T: Serialize>(what: &'static str, data: &T) -> Result<usize, EncodeError> {
+    postcard::experimental::serialized_size(data)
+        .map(|body| body + 1)
+        .map_err(|e| EncodeError {
+            what,
+            reason: e.to_string(),
+        })
+}
+
 /// Decodes bytes written by [`encode`]; `what` names the expected data type in errors.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, DecodeError> {
     let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;

@@ -10,9 +10,9 @@ use crate::consistency::{ReadConsistency, WriteConsistency};
 use crate::durable::{DurableStore, DurableStoreError};
 use crate::durable_writer::{DurableCompletion, DurableWrite, DurableWriteError, DurableWriter};
 use crate::replicator::{
-    Command, DeleteResult, DurableWriteId, GetResult, Input, KeysPage, MembershipView, Output,
-    Replicator, ReplicatorConfig, ReplicatorMessage, RequestId, Response, SubscriberId, Time,
-    UpdateContext, UpdateResult,
+    Command, DeleteResult, DurableWriteId, GetResult, Input, KeysPage, Limit, LimitCounts,
+    MembershipView, Output, Refusals, Replicator, ReplicatorConfig, ReplicatorMessage, RequestId,
+    Response, SubscriberId, Time, UpdateContext, UpdateResult,
 };
 use crate::value::ReplicatedValue;
 use bytes::Bytes;
@@ -112,6 +112,37 @@ pub struct ReplicatorCounters {
     pub durable_writes: AtomicU64,
     /// Keys held, deleted ones included (updated after every step).
     pub keys: AtomicU64,
+    /// Bytes held: keys and encoded states, what `max_total_bytes` bounds (updated after
+    /// every step).
+    pub bytes: AtomicU64,
+    /// States refused at a limit, local updates and deletes ([`Refusals::local`]), in the
+    /// order of [`Limit::ALL`] (updated after every step); read with
+    /// [`ReplicatorCounters::refusals`].
+    refused_local: [AtomicU64; 3],
+    /// The same for states from peers ([`Refusals::remote`]).
+    refused_remote: [AtomicU64; 3],
+}
+
+impl ReplicatorCounters {
+    /// States refused at a limit since start.
+    pub fn refusals(&self) -> Refusals {
+        let read = |counters: &[AtomicU64; 3]| LimitCounts {
+            keys: counters[0].load(Ordering::Relaxed),
+            value_bytes: counters[1].load(Ordering::Relaxed),
+            total_bytes: counters[2].load(Ordering::Relaxed),
+        };
+        Refusals {
+            local: read(&self.refused_local),
+            remote: read(&self.refused_remote),
+        }
+    }
+
+    fn set_refusals(&self, refusals: &Refusals) {
+        for (index, limit) in Limit::ALL.into_iter().enumerate() {
+            self.refused_local[index].store(refusals.local.of(limit), Ordering::Relaxed);
+            self.refused_remote[index].store(refusals.remote.of(limit), Ordering::Relaxed);
+        }
+    }
 }
 
 /// How long the Replicator's callers wait for its answer, by consistency level (label
@@ -577,6 +608,10 @@ impl<T: Transport> Driver<T> {
             self.counters
                 .keys
                 .store(self.replicator.key_count() as u64, Ordering::Relaxed);
+            self.counters
+                .bytes
+                .store(self.replicator.held_bytes() as u64, Ordering::Relaxed);
+            self.counters.set_refusals(&self.replicator.refusals());
             next = self.carry_out(outputs);
         }
     }

@@ -335,11 +335,22 @@ impl ReplicatorSim {
 
     /// Starts a crashed node again with a new incarnation (uid), loading `durable` state.
     pub fn restart(&mut self, node: usize, durable: Vec<(String, DataEnvelope)>) {
+        self.restart_with(node, self.config.clone(), durable);
+    }
+
+    /// [`ReplicatorSim::restart`] with another configuration for that node (say lower
+    /// limits than the others').
+    pub fn restart_with(
+        &mut self,
+        node: usize,
+        config: ReplicatorConfig,
+        durable: Vec<(String, DataEnvelope)>,
+    ) {
         let old = self.nodes[node].address.clone();
         let address = UniqueAddress::new(old.address.clone(), old.uid + 1000);
         let mut replicator = Replicator::new(
             address.clone(),
-            self.config.clone(),
+            config,
             self.rng.random(),
             self.base + self.elapsed,
         );

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use tessera_cluster::MemberStatus;
 use tessera_ddata::replicator::{
-    Command, DeleteResult, GetResult, KeysPage, MembershipView, Output, ReplicatorConfig, Response,
-    UpdateResult,
+    Command, DeleteResult, GetResult, KeysPage, LimitExceeded, MembershipView, Output,
+    ReplicatorConfig, Response, UpdateResult,
 };
 use tessera_ddata::{ReadConsistency, ReplicatedValue, WriteConsistency};
 
@@ -578,7 +578,11 @@ fn an_update_larger_than_max_value_bytes_is_refused() {
         }
     }
     assert!(
-        matches!(&last, UpdateResult::Invalid(reason) if reason.contains("max_value_bytes")),
+        matches!(
+            &last,
+            UpdateResult::LimitReached(LimitExceeded::ValueBytes { key, size_bytes, max_value_bytes: 200 })
+                if key == "big" && *size_bytes > 200
+        ),
         "{last:?}"
     );
 }

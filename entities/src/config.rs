@@ -1,6 +1,7 @@
 //! Settings of an entity host: snapshots and retention, passivation, timeouts and the bounds
 //! of every queue.
 
+use crate::budget::ActiveEntityBudget;
 use std::time::Duration;
 
 /// An [`EntityConfig`] or entity type name that an [`EntityHost`](crate::EntityHost) refuses;
@@ -32,6 +33,11 @@ pub struct EntityConfig {
     /// evicted entity finishing its write in flight no longer counts. At least
     /// `host_partitions`. Cluster sharding sets it per region (Akka's default: 100,000).
     pub active_entity_limit: Option<usize>,
+    /// A limit on active entities shared with other hosts (a node's entity types); None: only
+    /// `active_entity_limit` bounds this host. At the budget's limit, starting one more
+    /// entity passivates the least recently used of its partition first; see
+    /// [`ActiveEntityBudget`] for the bound that holds.
+    pub node_budget: Option<ActiveEntityBudget>,
     /// How long [`EntityRef::ask`](crate::EntityRef::ask) waits for a reply.
     pub ask_timeout: Duration,
     /// Commands queued per live entity; a command arriving at a full mailbox fails with
@@ -63,6 +69,7 @@ impl Default for EntityConfig {
             delete_events_on_snapshot: false,
             passivate_after: Some(Duration::from_secs(120)),
             active_entity_limit: None,
+            node_budget: None,
             ask_timeout: Duration::from_secs(5),
             mailbox_capacity: 1_024,
             stash_capacity: 4_096,

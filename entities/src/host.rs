@@ -38,7 +38,7 @@ pub struct HostStats {
     /// incarnation.
     pub commands_handed_over: u64,
     /// Live entities passivated because starting another would have exceeded
-    /// `active_entity_limit`.
+    /// `active_entity_limit` or the node budget.
     pub entities_evicted: u64,
 }
 

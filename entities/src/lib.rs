@@ -7,7 +7,8 @@
 //! node: one task per live entity, started on its first command, recovering from the latest
 //! snapshot plus the later events, stashing commands (bounded) while it recovers or persists,
 //! snapshotting every N events with keep-N retention, and passivating after an idle timeout or
-//! when an active-entity limit is reached (least recently used first). Callers use an
+//! when an active-entity limit is reached (least recently used first), per host or over
+//! several hosts sharing an [`ActiveEntityBudget`]. Callers use an
 //! [`EntityRef`] and get the reply, the entity's rejection, or an [`EntityError`]. The host's
 //! owner (cluster sharding) can also stop a set of entities and wait for them, list the live
 //! ones, and hear why each stopped.
@@ -16,9 +17,11 @@
 //! manifest, upcasting), [`machine`] (the command/event loop as a plain state machine),
 //! `runner` (the tokio task around it), `host` (the handle: start, ask, stop, list),
 //! `partition` (a routing task: slots per id, passivation handshake, stop requests), `lru`
-//! (the active-entity limit's order), [`lifecycle`] (start and stop events), [`retention`]
-//! (when to snapshot and what to delete), [`config`], [`error`], [`id`].
+//! (the active-entity limit's order), `budget` (a limit shared by hosts), [`lifecycle`]
+//! (start and stop events), [`retention`] (when to snapshot and what to delete), [`config`],
+//! [`error`], [`id`].
 
+mod budget;
 pub mod codec;
 pub mod config;
 pub mod entity;
@@ -33,6 +36,7 @@ mod partition;
 pub mod retention;
 mod runner;
 
+pub use budget::ActiveEntityBudget;
 pub use codec::{Codec, CodecError, decode_postcard};
 pub use config::{EntityConfig, InvalidConfig};
 pub use entity::{Effect, EntityType, Persist};

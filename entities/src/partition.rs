@@ -24,9 +24,9 @@
 //! already asked to stop: it handles them and stops, and the waiter waits for it too, so a
 //! request resolves only once the id has nothing running here.
 //!
-//! With `active_entity_limit`, the partition keeps its live entities in order of their last
-//! command and, before starting one more than its share of the limit, evicts (passivates) the
-//! least recently used.
+//! With `active_entity_limit` or a node budget, the partition keeps its live entities in
+//! order of their last command and, before starting one more than its share of the limit or
+//! while the budget is full, evicts (passivates) the least recently used.
 
 use crate::entity::EntityType;
 use crate::error::EntityError;
@@ -120,7 +120,8 @@ impl<E: EntityType> Slot<E> {
     }
 }
 
-/// Live entities by last command, with this partition's share of `active_entity_limit`.
+/// Live entities by last command, with this partition's share of `active_entity_limit`
+/// (`usize::MAX` without one: then only the node budget evicts).
 struct Lru {
     limit: usize,
     order: LruOrder<EntityId>,
@@ -133,7 +134,8 @@ pub(crate) struct Partition<E: EntityType> {
     counters: Arc<Counters>,
     listener: Option<LifecycleListener>,
     slots: HashMap<EntityId, Slot<E>>,
-    /// Present when `active_entity_limit` is set; holds exactly the `Live` slots.
+    /// Present when `active_entity_limit` or a node budget is set; holds exactly the `Live`
+    /// slots.
     lru: Option<Lru>,
     /// Cloned into every incarnation for its `Stopped` report.
     stopped_tx: mpsc::Sender<Stopped<E>>,
@@ -155,10 +157,14 @@ impl<E: EntityType> Partition<E> {
         listener: Option<LifecycleListener>,
         stopped_tx: mpsc::Sender<Stopped<E>>,
     ) -> Self {
-        let lru = context.config.active_entity_limit.map(|limit| Lru {
-            limit: limit_share(limit, count, index),
-            order: LruOrder::new(),
-        });
+        let config = &context.config;
+        let lru =
+            (config.active_entity_limit.is_some() || config.node_budget.is_some()).then(|| Lru {
+                limit: config
+                    .active_entity_limit
+                    .map_or(usize::MAX, |limit| limit_share(limit, count, index)),
+                order: LruOrder::new(),
+            });
         Partition {
             index,
             context,
@@ -341,6 +347,9 @@ impl<E: EntityType> Partition<E> {
                 None => 0,
             };
             self.counters.active.fetch_add(1, Ordering::Relaxed);
+            if let Some(budget) = &self.context.config.node_budget {
+                budget.started();
+            }
             Slot::Live {
                 mailbox,
                 incarnation,
@@ -388,12 +397,20 @@ impl<E: EntityType> Partition<E> {
     }
 
     /// Before a new live entity: passivates the least recently used one when the partition
-    /// is at its share of `active_entity_limit`.
+    /// is at its share of `active_entity_limit`, or when the node budget is full (then a
+    /// partition with no live entity evicts nothing: see [`ActiveEntityBudget`](
+    /// crate::ActiveEntityBudget)).
     fn make_room(&mut self) {
         let Some(lru) = &self.lru else {
             return;
         };
-        if lru.order.len() < lru.limit {
+        let node_full = self
+            .context
+            .config
+            .node_budget
+            .as_ref()
+            .is_some_and(|budget| budget.is_full());
+        if lru.order.len() < lru.limit && !node_full {
             return;
         }
         if let Some(victim) = lru.order.least_recent().cloned() {
@@ -432,6 +449,9 @@ impl<E: EntityType> Partition<E> {
             lru.order.remove(last_command);
         }
         self.counters.active.fetch_sub(1, Ordering::Relaxed);
+        if let Some(budget) = &self.context.config.node_budget {
+            budget.stopped();
+        }
     }
 
     fn notify(&self, event: impl FnOnce() -> EntityLifecycle) {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support::{Fixture, Recorder, TallyCommand, config, eventually};
-use tessera_entities::{EntityConfig, EntityHost, EntityId, EntityLifecycle, StopReason};
+use tessera_entities::{
+    ActiveEntityBudget, EntityConfig, EntityHost, EntityId, EntityLifecycle, StopReason,
+};
 
 fn id(text: &str) -> EntityId {
     EntityId::new(text).unwrap()
@@ -368,6 +370,52 @@ async fn the_active_entity_limit_holds_under_concurrent_callers() {
     }
     assert_eq!(total, 8 * rounds * (ids_count / 8));
     fixture.journal.assert_one_writer_at_a_time();
+}
+
+/// Two hosts (two entity types of a node) share a budget of 3 active entities: the second
+/// type starts although the first filled the budget (at most one entity per partition
+/// beyond the limit), then evicts its own least recently used entity at each new one; every
+/// evicted entity's next command finds its state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_sharing_a_node_budget_evict_within_it() {
+    let fixture = Fixture::new();
+    let budget = ActiveEntityBudget::new(3).unwrap();
+    let shared = || EntityConfig {
+        host_partitions: 1,
+        node_budget: Some(budget.clone()),
+        ..config()
+    };
+    let first = fixture.host(shared());
+    let second = fixture.host(shared());
+    let active = || first.stats().active_entities + second.stats().active_entities;
+    for name in ["a", "b", "c"] {
+        assert_eq!(first.ask(name, TallyCommand::Add(1)).await, Ok(1));
+    }
+    assert_eq!((budget.active(), active()), (3, 3));
+    // The first host at the limit evicts its own least recently used entity.
+    assert_eq!(first.ask("d", TallyCommand::Add(1)).await, Ok(1));
+    assert_eq!(first.stats().entities_evicted, 1);
+    assert_eq!(live_ids(&first).await.len(), 3);
+    // The second host, with nothing running, is not locked out: one over the limit.
+    assert_eq!(second.ask("x", TallyCommand::Add(2)).await, Ok(2));
+    assert_eq!(budget.active(), 4);
+    for (n, name) in ["y", "z", "w"].into_iter().enumerate() {
+        assert_eq!(second.ask(name, TallyCommand::Add(2)).await, Ok(2));
+        assert_eq!(second.stats().entities_evicted, n as u64 + 1);
+        assert!(budget.active() <= 3 + 2, "{budget:?}");
+        assert_eq!(budget.active() as u64, active());
+    }
+    eventually("evicted entities stopped", || {
+        first.stats().live_entities + second.stats().live_entities == 4
+    })
+    .await;
+    // Evicted, not forgotten: "a" and "x" recover their state.
+    assert_eq!(first.ask("a", TallyCommand::Add(1)).await, Ok(2));
+    assert_eq!(second.ask("x", TallyCommand::Get).await, Ok(2));
+    assert!(budget.active() <= 3 + 2, "{budget:?}");
+    first.shutdown().await;
+    second.shutdown().await;
+    assert_eq!(budget.active(), 0);
 }
 
 /// An entity evicted while its write is in flight finishes the write (its caller gets the

@@ -10,8 +10,9 @@
 //!
 //! Statuses: 404 for a key never written, 410 for a deleted key, 409 when the key holds
 //! another type, 504 when the consistency level cannot be met in time (a write stays applied
-//! on this node and spreads later), 503 when the Replicator is overloaded, 400 naming the
-//! problem for a bad type, operation, consistency or timeout.
+//! on this node and spreads later), 503 when the Replicator is overloaded, 507 when the node's
+//! replica is at one of its limits (naming it and its configuration key; nothing changed),
+//! 400 naming the problem for a bad type, operation, consistency or timeout.
 
 use super::ApiError;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
@@ -24,7 +25,9 @@ use serde_json::Value as Json_;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tessera_ddata::node::{ReplicatorError, ReplicatorHandle};
-use tessera_ddata::replicator::{DeleteResult, GetResult, UpdateContext, UpdateResult};
+use tessera_ddata::replicator::{
+    DeleteResult, GetResult, Limit, LimitExceeded, UpdateContext, UpdateResult,
+};
 use tessera_ddata::{LWWRegister, ReadConsistency, ReplicatedValue, ValueKind, WriteConsistency};
 
 /// Timeout of non-local requests without `?timeout=`.
@@ -516,6 +519,7 @@ async fn write(
                 format!("key {key:?}: {reason}"),
             ));
         }
+        UpdateResult::LimitReached(refused) => return Err(limit_reached(&refused)),
         UpdateResult::Failed(reason) => {
             return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason));
         }
@@ -562,8 +566,53 @@ async fn remove(
                 humantime::format_duration(timeout)
             ),
         )),
+        DeleteResult::LimitReached(refused) => Err(limit_reached(&refused)),
         DeleteResult::Failed(reason) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason)),
     }
+}
+
+/// The node configuration key of each Replicator limit, named in the refusals.
+fn config_key(limit: Limit) -> &'static str {
+    match limit {
+        Limit::Keys => "ddata_max_keys",
+        Limit::ValueBytes => "ddata_max_value_bytes",
+        Limit::TotalBytes => "ddata_max_total_bytes",
+    }
+}
+
+/// 507 Insufficient Storage naming the limit, its numbers and its configuration key: the
+/// node cannot hold the new state (nothing changed). Retrying does not help until an
+/// operator raises the limit (a deleted key stays, as its tombstone).
+fn limit_reached(refused: &LimitExceeded) -> ApiError {
+    let setting = config_key(refused.limit());
+    let message = match refused {
+        LimitExceeded::Keys {
+            key,
+            held,
+            max_keys,
+        } => format!(
+            "key {key:?} not created: this node holds {held} Distributed Data keys (deleted \
+             ones included), {setting} = {max_keys}"
+        ),
+        LimitExceeded::ValueBytes {
+            key,
+            size_bytes,
+            max_value_bytes,
+        } => format!(
+            "key {key:?} not written: its value would be {size_bytes} bytes encoded, more \
+             than {setting} = {max_value_bytes}"
+        ),
+        LimitExceeded::TotalBytes {
+            key,
+            held_bytes,
+            would_hold_bytes,
+            max_total_bytes,
+        } => format!(
+            "key {key:?} not written: this node holds {held_bytes} bytes of Distributed Data \
+             and would hold {would_hold_bytes}, more than {setting} = {max_total_bytes}"
+        ),
+    };
+    ApiError::new(StatusCode::INSUFFICIENT_STORAGE, message)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 use std::fmt;
 use tessera_cluster::MemberStatus;
 use tessera_ddata::node::ReplicatorLatencies;
+use tessera_ddata::replicator::{Limit, Refusals};
 use tessera_entities::HostStats;
 use tessera_metrics::{LatencyFamily, LatencyHistogram};
 use tessera_persistence::PersistenceMetricsSnapshot;
@@ -91,6 +92,26 @@ pub struct NodeMetrics {
     pub transport_peers: u64,
     /// Messages for a new peer dropped because `max_peers` peers already had queues.
     pub sends_refused_too_many_peers_total: u64,
+    /// Inbound cluster connections open now, in their handshake or authenticated.
+    pub transport_inbound_connections: u64,
+    /// Inbound cluster connections in their handshake now.
+    pub transport_inbound_handshakes: u64,
+    /// Inbound cluster connections that did not finish the handshake in time.
+    pub handshake_timeouts_total: u64,
+    /// Transport requests waiting for an answer now.
+    pub transport_requests_pending: u64,
+    /// The most transport requests waiting for an answer from any one peer now.
+    pub transport_requests_pending_max_per_peer: u64,
+    /// Transport requests refused because `max_pending_requests` were waiting.
+    pub requests_refused_too_many_pending_total: u64,
+    /// Transport requests refused because `max_pending_requests_per_peer` were waiting for
+    /// the same peer.
+    pub requests_refused_too_many_pending_for_peer_total: u64,
+    /// Bytes of keys and encoded values this node's Distributed Data replica holds.
+    pub ddata_bytes: u64,
+    /// Distributed Data states refused at a limit: local updates and deletes, and states
+    /// from peers.
+    pub ddata_refusals: Refusals,
     /// The HTTP API server's connections and refusals.
     pub http: HttpStatsSnapshot,
     /// Latency histograms, shared with the code that records them.
@@ -155,6 +176,9 @@ pub struct RefusedConnections {
     pub malformed: u64,
     /// A frame was larger than `max_frame_size`.
     pub oversize: u64,
+    /// Closed as soon as accepted: `max_inbound_handshakes` connections were in their
+    /// handshake already.
+    pub too_many_handshakes: u64,
 }
 
 /// Renders `metrics` in the Prometheus text format 0.0.4. Every member status and every
@@ -269,6 +293,7 @@ impl Collector for Scrape {
                 ("auth", refused.auth),
                 ("malformed", refused.malformed),
                 ("oversize", refused.oversize),
+                ("too_many_handshakes", refused.too_many_handshakes),
             ],
         )?;
         for (name, help, value) in [
@@ -297,15 +322,62 @@ impl Collector for Scrape {
                 "Messages for a new peer dropped because max_peers peers already had send queues.",
                 metrics.sends_refused_too_many_peers_total,
             ),
+            (
+                "tessera_transport_handshake_timeouts_total",
+                "Inbound connections closed because their handshake did not finish within \
+                 handshake_timeout.",
+                metrics.handshake_timeouts_total,
+            ),
         ] {
             out.one(Counter, name, help, value)?;
         }
-        out.one(
-            Gauge,
-            "tessera_transport_peers",
-            "Peers with outbound send queues now: members, and addresses sent to recently.",
-            metrics.transport_peers,
+        out.labelled(
+            Counter,
+            "tessera_transport_requests_refused_total",
+            "Requests refused before they were sent, by reason: max_pending_requests waiting \
+             (too_many_pending) or max_pending_requests_per_peer waiting for the same peer \
+             (too_many_pending_for_peer).",
+            "reason",
+            [
+                (
+                    "too_many_pending",
+                    metrics.requests_refused_too_many_pending_total,
+                ),
+                (
+                    "too_many_pending_for_peer",
+                    metrics.requests_refused_too_many_pending_for_peer_total,
+                ),
+            ],
         )?;
+        for (name, help, value) in [
+            (
+                "tessera_transport_peers",
+                "Peers with outbound send queues now: members, and addresses sent to recently.",
+                metrics.transport_peers,
+            ),
+            (
+                "tessera_transport_inbound_connections",
+                "Inbound cluster connections open now, in their handshake or authenticated.",
+                metrics.transport_inbound_connections,
+            ),
+            (
+                "tessera_transport_inbound_handshakes",
+                "Inbound cluster connections in their handshake now (not yet authenticated).",
+                metrics.transport_inbound_handshakes,
+            ),
+            (
+                "tessera_transport_requests_pending",
+                "Requests waiting for an answer now.",
+                metrics.transport_requests_pending,
+            ),
+            (
+                "tessera_transport_requests_pending_max_per_peer",
+                "The most requests waiting for an answer from any one peer now.",
+                metrics.transport_requests_pending_max_per_peer,
+            ),
+        ] {
+            out.one(Gauge, name, help, value)?;
+        }
         self.encode_http(&mut out)?;
         self.encode_ddata(&mut out)?;
         self.encode_entities(&mut out)?;
@@ -370,6 +442,29 @@ impl Scrape {
             "Distributed Data keys held by this node's replica, deleted ones included.",
             metrics.ddata_keys,
         )?;
+        out.one(
+            Gauge,
+            "tessera_ddata_bytes",
+            "Bytes of keys and encoded values held by this node's replica (what \
+             ddata_max_total_bytes bounds).",
+            metrics.ddata_bytes,
+        )?;
+        let refusals = &metrics.ddata_refusals;
+        out.labelled(
+            Counter,
+            "tessera_ddata_updates_refused_total",
+            "Local Distributed Data updates and deletes refused at a limit (507), by limit.",
+            "limit",
+            Limit::ALL.map(|limit| (limit.label(), refusals.local.of(limit))),
+        )?;
+        out.labelled(
+            Counter,
+            "tessera_ddata_remote_states_refused_total",
+            "Distributed Data states from peers (writes, read repairs, deltas, anti-entropy) \
+             this node's replica refused at a limit, by limit.",
+            "limit",
+            Limit::ALL.map(|limit| (limit.label(), refusals.remote.of(limit))),
+        )?;
         for (name, help, value) in [
             (
                 "tessera_ddata_send_failures_total",
@@ -422,6 +517,22 @@ impl Scrape {
             "Entity incarnations running now, by entity type.",
             "type",
             by_type(|s| s.live_entities),
+        )?;
+        out.labelled(
+            Gauge,
+            "tessera_entities_active",
+            "Entities taking commands now, by entity type (what active_entity_limit and \
+             node_active_entity_limit bound; live entities also count those stopping).",
+            "type",
+            by_type(|s| s.active_entities),
+        )?;
+        out.labelled(
+            Counter,
+            "tessera_entities_evicted_total",
+            "Entities passivated because active_entity_limit or node_active_entity_limit was \
+             reached (least recently used first), by entity type.",
+            "type",
+            by_type(|s| s.entities_evicted),
         )?;
         out.labelled(
             Counter,
@@ -710,6 +821,8 @@ TYPE tessera_cluster_members gauge
   tessera_cluster_members{status="weakly_up"}
 TYPE tessera_cluster_unreachable_members gauge
   tessera_cluster_unreachable_members
+TYPE tessera_ddata_bytes gauge
+  tessera_ddata_bytes
 TYPE tessera_ddata_decode_errors_total counter
   tessera_ddata_decode_errors_total
 TYPE tessera_ddata_dropped_notifications_total counter
@@ -734,8 +847,16 @@ TYPE tessera_ddata_read_duration_seconds histogram
   tessera_ddata_read_duration_seconds_sum{consistency="local"}
   tessera_ddata_read_duration_seconds_sum{consistency="majority"}
   tessera_ddata_read_duration_seconds_sum{consistency="majority_plus"}
+TYPE tessera_ddata_remote_states_refused_total counter
+  tessera_ddata_remote_states_refused_total{limit="keys"}
+  tessera_ddata_remote_states_refused_total{limit="total_bytes"}
+  tessera_ddata_remote_states_refused_total{limit="value_bytes"}
 TYPE tessera_ddata_send_failures_total counter
   tessera_ddata_send_failures_total
+TYPE tessera_ddata_updates_refused_total counter
+  tessera_ddata_updates_refused_total{limit="keys"}
+  tessera_ddata_updates_refused_total{limit="total_bytes"}
+  tessera_ddata_updates_refused_total{limit="value_bytes"}
 TYPE tessera_ddata_write_duration_seconds histogram
   tessera_ddata_write_duration_seconds_bucket{consistency="all",le}
   tessera_ddata_write_duration_seconds_bucket{consistency="local",le}
@@ -752,8 +873,12 @@ TYPE tessera_ddata_write_duration_seconds histogram
   tessera_ddata_write_duration_seconds_sum{consistency="majority"}
   tessera_ddata_write_duration_seconds_sum{consistency="majority_plus"}
   tessera_ddata_write_duration_seconds_sum{consistency="to"}
+TYPE tessera_entities_active gauge
+  tessera_entities_active{type="account"}
 TYPE tessera_entities_commands_handed_over_total counter
   tessera_entities_commands_handed_over_total{type="account"}
+TYPE tessera_entities_evicted_total counter
+  tessera_entities_evicted_total{type="account"}
 TYPE tessera_entities_live gauge
   tessera_entities_live{type="account"}
 TYPE tessera_entities_started_total counter
@@ -834,16 +959,30 @@ TYPE tessera_transport_connections_refused_total counter
   tessera_transport_connections_refused_total{reason="auth"}
   tessera_transport_connections_refused_total{reason="malformed"}
   tessera_transport_connections_refused_total{reason="oversize"}
+  tessera_transport_connections_refused_total{reason="too_many_handshakes"}
 TYPE tessera_transport_frames_in_total counter
   tessera_transport_frames_in_total
 TYPE tessera_transport_frames_out_total counter
   tessera_transport_frames_out_total
+TYPE tessera_transport_handshake_timeouts_total counter
+  tessera_transport_handshake_timeouts_total
+TYPE tessera_transport_inbound_connections gauge
+  tessera_transport_inbound_connections
 TYPE tessera_transport_inbound_dropped_total counter
   tessera_transport_inbound_dropped_total
+TYPE tessera_transport_inbound_handshakes gauge
+  tessera_transport_inbound_handshakes
 TYPE tessera_transport_peers gauge
   tessera_transport_peers
 TYPE tessera_transport_request_timeouts_total counter
   tessera_transport_request_timeouts_total
+TYPE tessera_transport_requests_pending gauge
+  tessera_transport_requests_pending
+TYPE tessera_transport_requests_pending_max_per_peer gauge
+  tessera_transport_requests_pending_max_per_peer
+TYPE tessera_transport_requests_refused_total counter
+  tessera_transport_requests_refused_total{reason="too_many_pending"}
+  tessera_transport_requests_refused_total{reason="too_many_pending_for_peer"}
 TYPE tessera_transport_responses_wrong_peer_total counter
   tessera_transport_responses_wrong_peer_total
 TYPE tessera_transport_send_dropped_total counter

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod deposits;
+pub mod memory;
 
 use std::net::SocketAddr;
 use std::path::Path;

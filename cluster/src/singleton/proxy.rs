@@ -351,7 +351,8 @@ fn from_request_error(name: &str, at: &Address, error: RequestError) -> Attempt 
             ..
         }
         | RequestError::Send(SendError::QueueFull { .. })
-        | RequestError::TooManyPending { .. } => Attempt::NotDelivered,
+        | RequestError::TooManyPending { .. }
+        | RequestError::TooManyPendingForPeer { .. } => Attempt::NotDelivered,
         RequestError::Remote {
             error: RemoteError::Dropped { .. },
             ..

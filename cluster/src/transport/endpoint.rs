@@ -28,9 +28,10 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Endpoint {
     local: UniqueAddress,
     services: Mutex<HashMap<ServiceId, mpsc::Sender<Inbound>>>,
-    pending: Mutex<HashMap<u64, PendingRequest>>,
+    pending: Mutex<PendingRequests>,
     correlation_ids: CorrelationIds,
     max_pending_requests: usize,
+    max_pending_requests_per_peer: usize,
     max_frame_size_bytes: usize,
     pub(crate) metrics: TransportMetrics,
     /// Cancelled by `shutdown`; every task of the transport selects on it.
@@ -42,9 +43,10 @@ impl Endpoint {
         Self {
             local,
             services: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(PendingRequests::default()),
             correlation_ids: CorrelationIds::random(),
             max_pending_requests: config.max_pending_requests,
+            max_pending_requests_per_peer: config.max_pending_requests_per_peer,
             max_frame_size_bytes: config.max_frame_size_bytes,
             metrics: TransportMetrics::default(),
             shutdown: CancellationToken::new(),
@@ -233,10 +235,12 @@ impl Endpoint {
     fn complete(&self, from: &UniqueAddress, correlation_id: u64, answer: Answer) {
         let waiter = {
             let mut pending = lock(&self.pending);
-            match pending.entry(correlation_id) {
+            match pending.by_id.entry(correlation_id) {
                 Entry::Occupied(request) if request.get().to == from.address => {
+                    let request = request.remove();
+                    pending.forget_peer(&request.to);
                     TransportMetrics::decr(&self.metrics.requests_pending);
-                    request.remove().waiter
+                    request.waiter
                 }
                 Entry::Occupied(_) => {
                     TransportMetrics::incr(&self.metrics.responses_wrong_peer);
@@ -253,11 +257,21 @@ impl Endpoint {
     }
 
     fn take_pending(&self, correlation_id: u64) -> Option<PendingRequest> {
-        let request = lock(&self.pending).remove(&correlation_id);
-        if request.is_some() {
-            TransportMetrics::decr(&self.metrics.requests_pending);
-        }
-        request
+        let mut pending = lock(&self.pending);
+        let request = pending.by_id.remove(&correlation_id)?;
+        pending.forget_peer(&request.to);
+        TransportMetrics::decr(&self.metrics.requests_pending);
+        Some(request)
+    }
+
+    /// The most requests waiting for answers from any one peer now (0 with none pending).
+    pub(crate) fn pending_requests_max_per_peer(&self) -> usize {
+        lock(&self.pending)
+            .by_peer
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
     }
 
     /// Sends a request through `outbound` and waits for the matching response, the timeout or
@@ -279,10 +293,22 @@ impl Endpoint {
         let (tx, rx) = oneshot::channel();
         {
             let mut pending = lock(&self.pending);
-            if pending.len() >= self.max_pending_requests {
+            if pending.by_id.len() >= self.max_pending_requests {
+                TransportMetrics::incr(&self.metrics.requests_refused_too_many_pending);
                 return Err(RequestError::TooManyPending {
-                    pending: pending.len(),
+                    pending: pending.by_id.len(),
                     max_pending_requests: self.max_pending_requests,
+                });
+            }
+            // Checked before the request is counted, so that one slow or paused peer can
+            // hold at most its share of the table and requests to the others still go out.
+            let for_peer = pending.by_peer.get(to).copied().unwrap_or(0);
+            if for_peer >= self.max_pending_requests_per_peer {
+                TransportMetrics::incr(&self.metrics.requests_refused_too_many_pending_for_peer);
+                return Err(RequestError::TooManyPendingForPeer {
+                    to: to.clone(),
+                    pending: for_peer,
+                    max_pending_requests_per_peer: self.max_pending_requests_per_peer,
                 });
             }
             pending.insert(
@@ -333,7 +359,7 @@ impl Endpoint {
         let services = std::mem::take(&mut *lock(&self.services));
         drop(services);
         let dropped = std::mem::take(&mut *lock(&self.pending));
-        for _ in 0..dropped.len() {
+        for _ in 0..dropped.by_id.len() {
             TransportMetrics::decr(&self.metrics.requests_pending);
         }
     }
@@ -341,6 +367,36 @@ impl Endpoint {
 
 /// What the asked peer sent back: a response payload or an error answer.
 type Answer = Result<Bytes, RemoteError>;
+
+/// The requests waiting for answers, by correlation id, and how many of them each peer holds.
+///
+/// Invariant: `by_peer[a]` is the number of entries of `by_id` whose `to` is `a`, and a peer
+/// with none has no entry, so `by_peer` never holds more entries than `by_id`.
+#[derive(Default)]
+struct PendingRequests {
+    by_id: HashMap<u64, PendingRequest>,
+    by_peer: HashMap<Address, usize>,
+}
+
+impl PendingRequests {
+    fn insert(&mut self, correlation_id: u64, request: PendingRequest) {
+        *self.by_peer.entry(request.to.clone()).or_insert(0) += 1;
+        if let Some(replaced) = self.by_id.insert(correlation_id, request) {
+            // Ids repeat only after 2^64 requests; keep the counts right anyway.
+            self.forget_peer(&replaced.to);
+        }
+    }
+
+    /// Counts one request to `to` as no longer pending.
+    fn forget_peer(&mut self, to: &Address) {
+        if let Some(count) = self.by_peer.get_mut(to) {
+            *count -= 1;
+            if *count == 0 {
+                self.by_peer.remove(to);
+            }
+        }
+    }
+}
 
 /// A request waiting for its answer.
 struct PendingRequest {

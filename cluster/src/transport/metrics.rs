@@ -66,12 +66,24 @@ counters! {
     connections_refused_oversize,
     /// Inbound connections that did not finish the handshake within `handshake_timeout`.
     handshake_timeouts,
+    /// Inbound connections closed at once because `max_inbound_handshakes` connections were
+    /// already in their handshake.
+    connections_refused_too_many_handshakes,
+    /// Inbound connections open now, in their handshake or authenticated (a gauge).
+    inbound_connections,
+    /// Inbound connections in their handshake now, not yet authenticated (a gauge).
+    inbound_handshakes,
     /// Outbound connection attempts that failed (refused, timed out, handshake failed).
     connect_failures,
     /// Requests that got no response within their timeout.
     request_timeouts,
     /// Requests currently waiting for a response (a gauge, not a counter).
     requests_pending,
+    /// Requests refused because `max_pending_requests` were waiting already.
+    requests_refused_too_many_pending,
+    /// Requests refused because `max_pending_requests_per_peer` requests to the same peer
+    /// were waiting already.
+    requests_refused_too_many_pending_for_peer,
 }
 
 impl TransportMetrics {

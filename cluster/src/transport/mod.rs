@@ -31,8 +31,12 @@
 //! - **Typed errors.** A request the peer does not serve fails fast with
 //!   [`RequestError::Remote`] carrying a [`RemoteError`]: no such service, its queue is full, it
 //!   dropped the request, or it rejected it with a bounded reason. Local failures are
-//!   [`RequestError::Send`], [`RequestError::TooManyPending`], [`RequestError::Timeout`] and
+//!   [`RequestError::Send`], [`RequestError::TooManyPending`],
+//!   [`RequestError::TooManyPendingForPeer`], [`RequestError::Timeout`] and
 //!   [`RequestError::Closed`].
+//! - **Bounded per peer.** At most `max_pending_requests` requests wait at once, and at most
+//!   `max_pending_requests_per_peer` of them for any one peer, so that a slow or paused peer
+//!   cannot take every slot from the others.
 
 mod endpoint;
 pub mod frame;
@@ -321,6 +325,17 @@ pub enum RequestError {
         pending: usize,
         max_pending_requests: usize,
     },
+    /// `to` has `max_pending_requests_per_peer` requests unanswered already (it is slow,
+    /// paused or gone); the request was not sent.
+    #[error(
+        "{pending} requests to {to} pending, \
+         max_pending_requests_per_peer={max_pending_requests_per_peer}"
+    )]
+    TooManyPendingForPeer {
+        to: Address,
+        pending: usize,
+        max_pending_requests_per_peer: usize,
+    },
     #[error("transport shut down while the request to {to} was pending")]
     Closed { to: Address },
     /// The asked peer answered with an error instead of a response.
@@ -413,12 +428,23 @@ pub struct TransportConfig {
     /// First wait after a failed connection attempt; doubles up to `reconnect_backoff_max`.
     pub reconnect_backoff_min: Duration,
     pub reconnect_backoff_max: Duration,
-    /// Time an inbound or outbound connection has to complete the handshake.
+    /// Time an inbound or outbound connection has to complete the handshake: a client that
+    /// sends nothing, garbage or a handshake one byte at a time holds its connection at most
+    /// this long.
     pub handshake_timeout: Duration,
-    /// Inbound connections served at once; further ones wait in the listen backlog.
+    /// Inbound connections served at once, authenticated or in their handshake; further ones
+    /// wait in the listen backlog (the kernel's, bounded by `net.core.somaxconn`).
     pub max_inbound_connections: usize,
+    /// Inbound connections in their handshake at once (not yet authenticated, so anyone's);
+    /// one more is closed as soon as it is accepted, and counted. Smaller than
+    /// `max_inbound_connections`, so that unauthenticated clients cannot take the slots of
+    /// the cluster's members.
+    pub max_inbound_handshakes: usize,
     /// Requests waiting for a response at once; more fail with `TooManyPending`.
     pub max_pending_requests: usize,
+    /// Requests waiting for a response from one peer at once; more to that peer fail with
+    /// `TooManyPendingForPeer`. At most `max_pending_requests`.
+    pub max_pending_requests_per_peer: usize,
 }
 
 impl Default for TransportConfig {
@@ -443,7 +469,12 @@ impl Default for TransportConfig {
             reconnect_backoff_max: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             max_inbound_connections: 1024,
+            // A member opens one connection to each peer; a few hundred handshakes at once
+            // cover a cluster of hundreds restarting together.
+            max_inbound_handshakes: 256,
             max_pending_requests: 65_536,
+            // A quarter of the table: it takes four stuck peers to exhaust it.
+            max_pending_requests_per_peer: 16_384,
         }
     }
 }
@@ -472,7 +503,12 @@ impl std::fmt::Debug for TransportConfig {
             .field("reconnect_backoff_max", &self.reconnect_backoff_max)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("max_inbound_connections", &self.max_inbound_connections)
+            .field("max_inbound_handshakes", &self.max_inbound_handshakes)
             .field("max_pending_requests", &self.max_pending_requests)
+            .field(
+                "max_pending_requests_per_peer",
+                &self.max_pending_requests_per_peer,
+            )
             .finish()
     }
 }
@@ -510,11 +546,23 @@ impl TransportConfig {
             ("bulk_queue_bytes", self.bulk_queue_bytes),
             ("max_peers", self.max_peers),
             ("max_inbound_connections", self.max_inbound_connections),
+            ("max_inbound_handshakes", self.max_inbound_handshakes),
             ("max_pending_requests", self.max_pending_requests),
+            (
+                "max_pending_requests_per_peer",
+                self.max_pending_requests_per_peer,
+            ),
         ] {
             if value == 0 {
                 return Err(bad(field, value, "expected at least 1"));
             }
+        }
+        if self.max_pending_requests_per_peer > self.max_pending_requests {
+            return Err(bad(
+                "max_pending_requests_per_peer",
+                self.max_pending_requests_per_peer,
+                "expected at most max_pending_requests",
+            ));
         }
         if self.reconnect_backoff_min.is_zero()
             || self.reconnect_backoff_min > self.reconnect_backoff_max

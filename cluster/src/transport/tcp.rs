@@ -25,7 +25,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::codec::Framed;
 use tracing::{debug, warn};
 
@@ -133,10 +133,22 @@ impl TcpTransport {
         self.me.clone()
     }
 
+    /// The most requests waiting for answers from any one peer now: at most
+    /// `max_pending_requests_per_peer` (for `/metrics`).
+    pub fn pending_requests_max_per_peer(&self) -> usize {
+        self.endpoint.pending_requests_max_per_peer()
+    }
+
     /// Accepts connections while fewer than `max_inbound_connections` are being served, like
     /// mini-redis: the permit travels with the connection's task and is released when it ends.
+    /// Of those, at most `max_inbound_handshakes` may be in their handshake: a connection
+    /// beyond that is closed as soon as it is accepted (and counted), so that clients without
+    /// the secret, however many connections they open, hold a bounded number of tasks and
+    /// buffers for at most `handshake_timeout` each, and leave the remaining slots to
+    /// authenticated peers.
     async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
         let limit = Arc::new(Semaphore::new(self.config.max_inbound_connections));
+        let handshakes = Arc::new(Semaphore::new(self.config.max_inbound_handshakes));
         let shutdown = self.endpoint.shutdown.clone();
         loop {
             let permit = tokio::select! {
@@ -152,9 +164,29 @@ impl TcpTransport {
             };
             match accepted {
                 Ok((stream, peer_socket)) => {
+                    let Ok(handshake) = Arc::clone(&handshakes).try_acquire_owned() else {
+                        TransportMetrics::incr(
+                            &self
+                                .endpoint
+                                .metrics
+                                .connections_refused_too_many_handshakes,
+                        );
+                        debug!(local = %self.endpoint.local(), peer = %peer_socket,
+                            "too many inbound handshakes; connection closed");
+                        continue;
+                    };
                     let transport = Arc::clone(&self);
                     self.runtime.spawn(async move {
-                        transport.serve_inbound(stream, peer_socket).await;
+                        let metrics = &transport.endpoint.metrics;
+                        TransportMetrics::incr(&metrics.inbound_connections);
+                        transport
+                            .serve_inbound(
+                                stream,
+                                peer_socket,
+                                Handshaking::new(handshake, metrics),
+                            )
+                            .await;
+                        TransportMetrics::decr(&metrics.inbound_connections);
                         drop(permit);
                     });
                 }
@@ -171,11 +203,16 @@ impl TcpTransport {
 
     /// Authenticates one inbound connection, then reads and dispatches its frames until it
     /// closes, breaks the protocol, or the transport shuts down.
-    async fn serve_inbound(self: Arc<Self>, stream: TcpStream, peer_socket: SocketAddr) {
+    async fn serve_inbound(
+        &self,
+        stream: TcpStream,
+        peer_socket: SocketAddr,
+        handshaking: Handshaking<'_>,
+    ) {
         let shutdown = self.endpoint.shutdown.clone();
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
-            result = self.read_inbound(stream) => result,
+            result = self.read_inbound(stream, handshaking) => result,
         };
         if let Err(e) = result {
             if e.count_refusal(&self.endpoint.metrics) {
@@ -188,13 +225,18 @@ impl TcpTransport {
         }
     }
 
-    async fn read_inbound(&self, stream: TcpStream) -> Result<(), ConnectionError> {
+    async fn read_inbound(
+        &self,
+        stream: TcpStream,
+        handshaking: Handshaking<'_>,
+    ) -> Result<(), ConnectionError> {
         stream.set_nodelay(true)?;
         let mut connection = Framed::new(stream, FrameCodec::new(HANDSHAKE_MAX_FRAME_BYTES));
         let timeout = self.config.handshake_timeout;
-        let peer = tokio::time::timeout(timeout, self.accept_handshake(&mut connection))
-            .await
-            .map_err(|_| ConnectionError::HandshakeTimeout(timeout))??;
+        let handshake = tokio::time::timeout(timeout, self.accept_handshake(&mut connection)).await;
+        // The handshake slot is free again whatever the outcome.
+        drop(handshaking);
+        let peer = handshake.map_err(|_| ConnectionError::HandshakeTimeout(timeout))??;
         TransportMetrics::incr(&self.endpoint.metrics.connections_accepted);
         connection
             .codec_mut()
@@ -401,6 +443,29 @@ impl Transport for TcpTransport {
 
     fn shutdown(&self) {
         self.peers.close(&self.endpoint);
+    }
+}
+
+/// An inbound connection's place among those in their handshake: the permit of
+/// `max_inbound_handshakes` and the gauge, both given back when it is dropped.
+struct Handshaking<'a> {
+    _permit: OwnedSemaphorePermit,
+    metrics: &'a TransportMetrics,
+}
+
+impl<'a> Handshaking<'a> {
+    fn new(permit: OwnedSemaphorePermit, metrics: &'a TransportMetrics) -> Self {
+        TransportMetrics::incr(&metrics.inbound_handshakes);
+        Self {
+            _permit: permit,
+            metrics,
+        }
+    }
+}
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        TransportMetrics::decr(&self.metrics.inbound_handshakes);
     }
 }
 

@@ -12,6 +12,11 @@
 //!
 //! A node runs at most one exchange it started per peer; an empty `ChunkKeys` (nothing
 //! differs) or the final `Gossip` ends it.
+//!
+//! A replica at one of its limits ([`super::limits`]) asks for no key it lacks, and an
+//! exchange in which it refused a state does not go on at once: otherwise two replicas would
+//! trade the same refused states as fast as the network allows. It then receives at most one
+//! message of states it refuses per exchange, that is per peer and gossip interval.
 
 use super::protocol::{ChunkKeyList, ReplicatorMessage};
 use super::{Replicator, Time};
@@ -128,11 +133,16 @@ impl Replicator {
         let mut send_back = Vec::new();
         let mut budget = self.config.max_message_bytes;
         let mut truncated = false;
+        // A full replica would refuse every key it lacks: it does not ask for them.
+        let full = self.is_full();
         for list in lists {
             let theirs: HashMap<String, u128> = list.keys.into_iter().collect();
             let mine = self.store.chunk_keys(list.chunk);
             let mine_keys: BTreeSet<&String> = mine.iter().map(|(k, _)| k).collect();
-            let wanted = theirs.keys().filter(|k| !mine_keys.contains(k)).cloned();
+            let wanted = theirs
+                .keys()
+                .filter(|k| !full && !mine_keys.contains(k))
+                .cloned();
             for (key, digest) in &mine {
                 let differs = match theirs.get(key) {
                     Some(d) if d == digest => continue,
@@ -201,8 +211,9 @@ impl Replicator {
         reply_expected: bool,
         more: bool,
     ) {
+        let mut refused = false;
         for (key, envelope) in &entries {
-            self.merge_incoming(key, envelope);
+            refused |= self.merge_incoming(key, envelope).is_err();
         }
         if reply_expected {
             let (entries, truncated) = self.envelopes_within_budget(send_back);
@@ -212,10 +223,11 @@ impl Replicator {
                     entries,
                     send_back: Vec::new(),
                     reply_expected: false,
-                    more: more || truncated,
+                    // Going on at once would only bring the refused states again.
+                    more: (more || truncated) && !refused,
                 },
             );
-        } else if more {
+        } else if more && !refused && !self.is_full() {
             // The exchange this node started did not finish: go on at once.
             self.exchanges.remove(from);
             self.start_exchange(time, from);
@@ -243,10 +255,7 @@ impl Replicator {
     }
 
     /// The envelopes of `keys` held here, as many as fit a message; and whether some did not.
-    fn envelopes_within_budget(
-        &mut self,
-        keys: Vec<String>,
-    ) -> (Vec<(String, DataEnvelope)>, bool) {
+    fn envelopes_within_budget(&self, keys: Vec<String>) -> (Vec<(String, DataEnvelope)>, bool) {
         let mut budget = self.config.max_message_bytes;
         let mut entries = Vec::new();
         for key in keys {

@@ -5,6 +5,7 @@
 //! sequence numbers only tell a receiver that it missed some (a lost message): it applies
 //! what it got and asks for the key's full state.
 
+use super::limits::Origin;
 use super::protocol::{DeltaEntry, ReplicatorMessage};
 use super::{Replicator, split_by_size};
 use crate::codec;
@@ -96,19 +97,14 @@ impl Replicator {
             // Missed deltas of this sender: fetch the key's full state. (A key this node has
             // never held arriving with sequence number 1 is the sender's first change of it;
             // if the key is older than that, anti-entropy brings the rest.)
-            if entry.from_seq > last + 1 {
-                gaps.push(entry.key.clone());
-            }
-            seqs.1.insert(entry.key.clone(), entry.to_seq);
+            let gap = entry.from_seq > last + 1;
             let merged = match self.store.get(&entry.key) {
-                Some(local) if local.is_deleted() => continue,
+                Some(local) if local.is_deleted() => None,
                 Some(local) => {
                     let mut merged = local.clone();
-                    if merged.merge_delta(&entry.delta, &entry.pruning).is_err() || &merged == local
-                    {
-                        continue;
-                    }
-                    merged
+                    let changed = merged.merge_delta(&entry.delta, &entry.pruning).is_ok()
+                        && &merged != local;
+                    changed.then_some(merged)
                 }
                 // A delta is a state of its lattice: joined with nothing it is the state.
                 None => {
@@ -116,10 +112,24 @@ impl Replicator {
                     value.reset_delta();
                     let mut envelope = DataEnvelope::new(value);
                     envelope.pruning = entry.pruning;
-                    envelope
+                    Some(envelope)
                 }
             };
-            self.store_changed(&entry.key, merged);
+            if let Some(merged) = merged
+                && self
+                    .store_checked(&entry.key, merged, Origin::Remote)
+                    .is_err()
+            {
+                // Refused at a limit: neither the sequence number nor the gap is noted, so
+                // that a later delta (once there is room) fetches the whole state again.
+                continue;
+            }
+            if gap {
+                gaps.push(entry.key.clone());
+            }
+            if let Some((_, seqs)) = self.incoming_delta_seq.get_mut(&from) {
+                seqs.insert(entry.key, entry.to_seq);
+            }
         }
         if !gaps.is_empty() {
             self.send(&from, ReplicatorMessage::DeltaGap { keys: gaps });

@@ -17,6 +17,9 @@
 //!   travel. Messages stay below `max_message_bytes`; an unfinished exchange continues at
 //!   once.
 //! - **Pruning** folds removed nodes' entries into the leader's ([`pruning`]).
+//! - **Limits**: a replica holds at most `max_keys` keys, `max_value_bytes` per state and
+//!   `max_total_bytes` in all; what would go beyond them is refused, from a local caller or
+//!   from a peer, and counted ([`limits`]).
 //! - **Durable keys** are written to disk by the driver (an [`Output::Store`], reported back
 //!   with [`Input::Stored`]); the acknowledgements of a durable key — a local update's success,
 //!   a replica's `WriteAck` — are held until its write is reported stored, and withheld if it
@@ -25,6 +28,7 @@
 mod anti_entropy;
 mod deltas;
 mod durability;
+mod limits;
 mod members;
 pub mod protocol;
 mod pruning;
@@ -32,10 +36,12 @@ mod quorum;
 mod store;
 
 pub use durability::DurableWriteId;
+pub use limits::{Limit, LimitCounts, LimitExceeded, Refusals};
 pub use members::MembershipView;
 pub use protocol::{ChunkKeyList, DeltaEntry, ReplicatorMessage};
 pub use store::{CHUNKS, chunk_of};
 
+use crate::codec;
 use crate::consistency::{ReadConsistency, WriteConsistency};
 use crate::envelope::DataEnvelope;
 use crate::value::{KindMismatch, ReplicatedValue};
@@ -77,8 +83,15 @@ pub struct ReplicatorConfig {
     /// Reads and writes waiting for other replicas; more are refused as overload.
     pub max_pending_operations: usize,
     /// Largest value of one key, in encoded bytes; a larger update is refused (it could not
-    /// travel in one message).
+    /// travel in one message), and so is a larger state from a peer.
     pub max_value_bytes: usize,
+    /// Keys this replica holds at most, deleted ones included (a deleted key stays as its
+    /// tombstone); a new key beyond it is refused, from a local caller or from a peer.
+    pub max_keys: usize,
+    /// Bytes of keys and encoded states this replica holds at most; a state that would take
+    /// it beyond is refused, from a local caller or from a peer. Memory is a few times this:
+    /// the states decoded, and the per-key bookkeeping.
+    pub max_total_bytes: usize,
 }
 
 impl Default for ReplicatorConfig {
@@ -95,6 +108,9 @@ impl Default for ReplicatorConfig {
             max_message_bytes: 1024 * 1024,
             max_pending_operations: 10_000,
             max_value_bytes: 1024 * 1024,
+            // Far beyond what one node was measured with (a million keys), but not unbounded.
+            max_keys: 4_000_000,
+            max_total_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -185,6 +201,8 @@ pub enum UpdateResult {
     Deleted,
     /// `modify` refused the update, or the key holds another kind; nothing changed.
     Invalid(String),
+    /// The new value would take this replica beyond one of its limits; nothing changed.
+    LimitReached(LimitExceeded),
     /// Refused (overload) or refused by other replicas.
     Failed(String),
 }
@@ -195,6 +213,9 @@ pub enum DeleteResult {
     Success,
     /// Deleted locally, but not acknowledged by enough replicas in time. Not rolled back.
     Timeout,
+    /// The key is not held here and this replica holds `max_keys` keys: its tombstone would
+    /// be one more; nothing changed.
+    LimitReached(LimitExceeded),
     Failed(String),
 }
 
@@ -331,6 +352,8 @@ pub struct Replicator {
     exchanges: HashMap<UniqueAddress, Instant>,
     /// Durable writes not reported yet, and the acknowledgements waiting for them.
     durability: Durability,
+    /// States refused at a limit.
+    refusals: Refusals,
     next_gossip: Instant,
     next_deltas: Instant,
     next_notify: Instant,
@@ -371,6 +394,7 @@ impl Replicator {
             prune_scan_cursor: 0,
             exchanges: HashMap::new(),
             durability: Durability::default(),
+            refusals: Refusals::default(),
             rng,
             outputs: Vec::new(),
         }
@@ -386,12 +410,15 @@ impl Replicator {
         &self.config
     }
 
-    /// Loads a key read from the durable store at start, before any input.
+    /// Loads a key read from the durable store at start, before any input. Limits are not
+    /// checked: what is on disk was admitted once (see [`limits`]), and a replica started
+    /// with lower limits holds it but admits nothing new beyond them.
     pub fn load(&mut self, key: &str, envelope: DataEnvelope) {
         if !envelope.pruning.is_empty() {
             self.marked.insert(key.to_string());
         }
-        self.store.put(key, envelope);
+        let size_bytes = codec::encoded_size("data envelope", &envelope).unwrap_or(0);
+        self.store.put(key, envelope, size_bytes);
     }
 
     /// This replica's state of `key`.
@@ -402,6 +429,16 @@ impl Replicator {
     /// Number of keys held, deleted ones included.
     pub fn key_count(&self) -> usize {
         self.store.len()
+    }
+
+    /// Bytes held: every key's name and encoded state (what `max_total_bytes` bounds).
+    pub fn held_bytes(&self) -> usize {
+        self.store.bytes()
+    }
+
+    /// States refused at a limit since start, by origin and limit.
+    pub fn refusals(&self) -> Refusals {
+        self.refusals
     }
 
     /// Operations waiting for other replicas.
@@ -450,9 +487,10 @@ impl Replicator {
         });
     }
 
-    /// Stores a changed envelope: notes it for subscribers and pruning, and emits the
-    /// durable write for a durable key.
-    fn store_changed(&mut self, key: &str, envelope: DataEnvelope) {
+    /// Stores a changed envelope of `size_bytes` encoded: notes it for subscribers and
+    /// pruning, and emits the durable write for a durable key. Limits are checked before, by
+    /// [`Replicator::store_checked`], except for pruning's changes.
+    fn store_changed(&mut self, key: &str, envelope: DataEnvelope, size_bytes: usize) {
         if self.config.is_durable(key) {
             self.write_durably(key, envelope.clone());
         }
@@ -464,30 +502,35 @@ impl Replicator {
         if self.subscribers.contains_key(key) {
             self.changed.insert(key.to_string());
         }
-        self.store.put(key, envelope);
+        self.store.put(key, envelope, size_bytes);
     }
 
     /// Merges a state received from elsewhere into this replica. Returns the conflict when
     /// the key holds another kind here and `incoming`'s kind lost (see
-    /// [`DataEnvelope::merge`]).
-    fn merge_incoming(&mut self, key: &str, incoming: &DataEnvelope) -> Option<KindMismatch> {
+    /// [`DataEnvelope::merge`]), or the limit that refused the merged state (then nothing
+    /// changed here).
+    fn merge_incoming(
+        &mut self,
+        key: &str,
+        incoming: &DataEnvelope,
+    ) -> Result<Option<KindMismatch>, LimitExceeded> {
         let (merged, conflict) = match self.store.get(key) {
             None => (incoming.clone(), None),
             Some(local) => {
                 let conflict = local.kind_conflict(incoming);
                 let merged = local.merge(incoming);
                 if &merged == local {
-                    return conflict.filter(|c| c.offered != c.held.min(c.offered));
+                    return Ok(conflict.filter(|c| c.offered != c.held.min(c.offered)));
                 }
                 (merged, conflict)
             }
         };
+        self.store_checked(key, merged, limits::Origin::Remote)?;
         if let Some(conflict) = &conflict {
             tracing::warn!(key, held = %conflict.held, offered = %conflict.offered,
                 "two kinds of value under one key; the lower kind wins on every replica");
         }
-        self.store_changed(key, merged);
-        conflict.filter(|c| c.offered != c.held.min(c.offered))
+        Ok(conflict.filter(|c| c.offered != c.held.min(c.offered)))
     }
 
     fn on_command(&mut self, time: Time, id: RequestId, command: Command) {
@@ -583,18 +626,27 @@ impl Replicator {
                 key,
                 envelope,
             } => match self.merge_incoming(&key, &envelope) {
-                None => {
+                Ok(None) => {
                     let ack = Output::Send {
                         to: from.address.clone(),
                         message: ReplicatorMessage::WriteAck { op, incarnation },
                     };
                     self.acknowledge(&key, ack);
                 }
-                Some(conflict) => {
+                Ok(Some(conflict)) => {
                     let nack = ReplicatorMessage::WriteNack {
                         op,
                         incarnation,
                         reason: format!("key {key}: {conflict}"),
+                    };
+                    self.send(&from, nack);
+                }
+                // Not held here: this replica does not count toward the write.
+                Err(refused) => {
+                    let nack = ReplicatorMessage::WriteNack {
+                        op,
+                        incarnation,
+                        reason: format!("replica {}: {refused}", self.self_node.address),
                     };
                     self.send(&from, nack);
                 }

@@ -15,6 +15,7 @@
 
 use super::store::CHUNKS;
 use super::{Replicator, Time};
+use crate::codec;
 use crate::envelope::{DataEnvelope, PruningState};
 use std::collections::BTreeSet;
 use tessera_cluster::{Address, UniqueAddress};
@@ -62,7 +63,10 @@ impl Replicator {
         };
         let before = envelope.pruning.len();
         if change(&mut envelope) || envelope.pruning.len() != before {
-            self.store_changed(key, envelope);
+            // Not checked against the limits: pruning shrinks a state, but for a marker of a
+            // few bytes, and must be able to finish on every replica.
+            let size_bytes = codec::encoded_size("data envelope", &envelope).unwrap_or(0);
+            self.store_changed(key, envelope, size_bytes);
         }
     }
 

@@ -2,12 +2,12 @@
 //! the answers of the members that count until enough arrived or the timeout passed; a read
 //! repairs the replicas that answered with an older state before it replies.
 
+use super::limits::Origin;
 use super::protocol::ReplicatorMessage;
 use super::{
     DeleteResult, GetResult, Modify, Output, Replicator, RequestId, Response, Time, UpdateContext,
     UpdateResult,
 };
-use crate::codec;
 use crate::consistency::{ReadConsistency, WriteConsistency};
 use crate::envelope::DataEnvelope;
 use crate::value::KindMismatch;
@@ -49,6 +49,17 @@ pub(super) enum PendingOp {
     Write(WriteOp),
 }
 
+/// What a read answers for a key holding `envelope` (None: never written).
+fn result_of(envelope: Option<&DataEnvelope>) -> GetResult {
+    match envelope {
+        None => GetResult::NotFound,
+        Some(DataEnvelope { data: None, .. }) => GetResult::Deleted,
+        Some(DataEnvelope {
+            data: Some(value), ..
+        }) => GetResult::Found(value.clone()),
+    }
+}
+
 fn write_response(delete: bool, success: bool, timeout: bool, reason: String) -> Response {
     match (delete, success, timeout) {
         (true, true, _) => Response::Delete(DeleteResult::Success),
@@ -84,13 +95,7 @@ impl Replicator {
     }
 
     fn local_result(&self, key: &str) -> GetResult {
-        match self.store.get(key) {
-            None => GetResult::NotFound,
-            Some(DataEnvelope { data: None, .. }) => GetResult::Deleted,
-            Some(DataEnvelope {
-                data: Some(value), ..
-            }) => GetResult::Found(value.clone()),
-        }
+        result_of(self.store.get(key))
     }
 
     pub(super) fn on_get(
@@ -188,17 +193,9 @@ impl Replicator {
             }),
             None => DataEnvelope::new(new),
         };
-        let size_bytes = codec::encode("data envelope", &envelope).map_or(usize::MAX, |b| b.len());
-        if size_bytes > self.config.max_value_bytes {
-            return self.reply(
-                id,
-                invalid(format!(
-                    "the new value is {size_bytes} bytes encoded, more than max_value_bytes = {}",
-                    self.config.max_value_bytes
-                )),
-            );
+        if let Err(refused) = self.store_checked(&key, envelope.clone(), Origin::Local) {
+            return self.reply(id, Response::Update(UpdateResult::LimitReached(refused)));
         }
-        self.store_changed(&key, envelope.clone());
         if let Some(mut delta) = delta {
             delta.reset_delta();
             self.record_delta(&key, delta);
@@ -220,7 +217,9 @@ impl Replicator {
             return self.reply(id, Response::Delete(DeleteResult::Failed(reason)));
         }
         let deleted = DataEnvelope::deleted();
-        self.store_changed(&key, deleted.clone());
+        if let Err(refused) = self.store_checked(&key, deleted.clone(), Origin::Local) {
+            return self.reply(id, Response::Delete(DeleteResult::LimitReached(refused)));
+        }
         self.pending_deltas.remove(&key);
         self.own_delta_seq.remove(&key);
         self.start_write(time, id, key, deleted, required, timeout, true);
@@ -344,8 +343,11 @@ impl Replicator {
             .filter(|(_, reply)| reply.as_ref() != Some(&merged))
             .map(|(node, _)| node.clone())
             .collect();
-        let _ = self.merge_incoming(&key, &merged);
-        let result = self.local_result(&key);
+        let result = match self.merge_incoming(&key, &merged) {
+            Ok(_) => self.local_result(&key),
+            // This replica cannot hold the key: the read still answers what the quorum holds.
+            Err(_) => result_of(Some(&merged)),
+        };
         if stale.is_empty() {
             self.remove_op(op);
             return self.reply(id, Response::Get(result));

@@ -21,24 +21,28 @@ pub fn chunk_of(key: &str) -> u16 {
     (hash % CHUNKS as u64) as u16
 }
 
-/// A stored key: its envelope, and its digest and encoded size once computed (cleared on
-/// every change and computed again when anti-entropy needs them).
+/// A stored key: its envelope, its encoded size (known from the moment it is stored: the
+/// store's limits count it), and its digest once computed (cleared on every change and
+/// computed again when anti-entropy needs it).
 #[derive(Debug, Clone)]
 pub struct Stored {
     pub envelope: DataEnvelope,
-    digest: Option<(u128, usize)>,
+    size_bytes: usize,
+    digest: Option<u128>,
 }
 
 impl Stored {
     /// The key's digest, computed at most once per change.
     pub fn digest(&mut self, key: &str) -> u128 {
-        self.digest_and_size(key).0
+        *self
+            .digest
+            .get_or_insert_with(|| self.envelope.digest(key).0)
     }
+}
 
-    /// The key's digest and the envelope's encoded size.
-    pub fn digest_and_size(&mut self, key: &str) -> (u128, usize) {
-        *self.digest.get_or_insert_with(|| self.envelope.digest(key))
-    }
+/// What one key costs against `max_total_bytes`: its name and its encoded state.
+pub fn held_bytes(key: &str, size_bytes: usize) -> usize {
+    key.len().saturating_add(size_bytes)
 }
 
 #[derive(Debug, Default)]
@@ -49,10 +53,13 @@ struct Chunk {
 }
 
 /// All keys, by chunk.
+///
+/// Invariant: `len` is the number of keys and `bytes` the sum of [`held_bytes`] over them.
 #[derive(Debug)]
 pub struct Store {
     chunks: Vec<Chunk>,
     len: usize,
+    bytes: usize,
 }
 
 impl Default for Store {
@@ -60,6 +67,7 @@ impl Default for Store {
         Store {
             chunks: (0..CHUNKS).map(|_| Chunk::default()).collect(),
             len: 0,
+            bytes: 0,
         }
     }
 }
@@ -72,15 +80,18 @@ impl Store {
             .map(|s| &s.envelope)
     }
 
-    /// Stores `envelope` under `key`, replacing what was there.
-    pub fn put(&mut self, key: &str, envelope: DataEnvelope) {
+    /// Stores `envelope`, whose encoding is `size_bytes` long, under `key`, replacing what
+    /// was there.
+    pub fn put(&mut self, key: &str, envelope: DataEnvelope, size_bytes: usize) {
         let index = usize::from(chunk_of(key));
         let Some(chunk) = self.chunks.get_mut(index) else {
             return;
         };
         chunk.digest = None;
         if let Some(stored) = chunk.entries.get_mut(key) {
+            self.bytes = self.bytes - stored.size_bytes + size_bytes;
             stored.envelope = envelope;
+            stored.size_bytes = size_bytes;
             stored.digest = None;
             return;
         }
@@ -88,10 +99,24 @@ impl Store {
             key.to_string(),
             Stored {
                 envelope,
+                size_bytes,
                 digest: None,
             },
         );
         self.len += 1;
+        self.bytes = self.bytes.saturating_add(held_bytes(key, size_bytes));
+    }
+
+    /// The encoded size of `key`'s state, if stored.
+    pub fn size_of(&self, key: &str) -> Option<usize> {
+        self.chunk(key)
+            .and_then(|c| c.entries.get(key))
+            .map(|s| s.size_bytes)
+    }
+
+    /// Bytes held: every key's name and encoded state.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn chunk(&self, key: &str) -> Option<&Chunk> {
@@ -159,11 +184,9 @@ impl Store {
     }
 
     /// The envelope of one key with its encoded size, if stored.
-    pub fn get_with_size(&mut self, key: &str) -> Option<(&DataEnvelope, usize)> {
-        let chunk = self.chunks.get_mut(usize::from(chunk_of(key)))?;
-        let stored = chunk.entries.get_mut(key)?;
-        let (_, size) = stored.digest_and_size(key);
-        Some((&stored.envelope, size))
+    pub fn get_with_size(&self, key: &str) -> Option<(&DataEnvelope, usize)> {
+        let stored = self.chunk(key)?.entries.get(key)?;
+        Some((&stored.envelope, stored.size_bytes))
     }
 }
 
@@ -186,16 +209,22 @@ mod tests {
         );
     }
 
+    fn put(store: &mut Store, key: &str, envelope: DataEnvelope) {
+        let size = crate::codec::encoded_size("data envelope", &envelope).unwrap();
+        store.put(key, envelope, size);
+    }
+
     #[test]
     fn chunk_digest_follows_changes() {
         let mut store = Store::default();
-        store.put(
+        put(
+            &mut store,
             "a",
             DataEnvelope::new(ValueKind::PNCounter.empty().unwrap()),
         );
         let before = store.chunk_digests();
         assert_eq!(before.len(), 1);
-        store.put("a", DataEnvelope::deleted());
+        put(&mut store, "a", DataEnvelope::deleted());
         let after = store.chunk_digests();
         assert_ne!(before, after);
         assert_eq!(store.len(), 1);
@@ -205,5 +234,29 @@ mod tests {
             keys[0].1, after[0].1,
             "one key: the chunk digest is the key digest"
         );
+    }
+
+    /// The byte count follows every put: new keys, replacements, and sizes as encoded.
+    #[test]
+    fn bytes_are_the_keys_and_their_encoded_states() {
+        let mut store = Store::default();
+        let counter = DataEnvelope::new(ValueKind::PNCounter.empty().unwrap());
+        let size = crate::codec::encode("data envelope", &counter)
+            .unwrap()
+            .len();
+        assert_eq!(
+            crate::codec::encoded_size("data envelope", &counter).unwrap(),
+            size
+        );
+        put(&mut store, "ab", counter.clone());
+        put(&mut store, "cde", counter);
+        assert_eq!(store.bytes(), 2 + size + 3 + size);
+        let deleted = DataEnvelope::deleted();
+        let deleted_size = crate::codec::encoded_size("data envelope", &deleted).unwrap();
+        put(&mut store, "ab", deleted);
+        assert_eq!(store.bytes(), 2 + deleted_size + 3 + size);
+        assert_eq!(store.size_of("ab"), Some(deleted_size));
+        assert_eq!(store.get_with_size("cde").map(|(_, s)| s), Some(size));
+        assert_eq!(store.size_of("zz"), None);
     }
 }

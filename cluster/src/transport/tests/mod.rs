@@ -203,6 +203,77 @@ pub(super) async fn request_to_silent_service_times_out_and_leaves_nothing_pendi
     .await;
 }
 
+/// A peer that never answers holds at most `max_pending_requests_per_peer` of the pending
+/// table: one more request to it is refused at once (typed, naming the peer and the limit,
+/// counted), while requests to another peer still go out and are answered.
+pub(super) async fn a_silent_peer_holds_at_most_its_share_of_pending_requests<H: Harness>(h: &H) {
+    let config = TransportConfig {
+        max_pending_requests: 4,
+        max_pending_requests_per_peer: 2,
+        ..test_config()
+    };
+    let a = h.node(1, config).await;
+    let silent = h.node(2, test_config()).await;
+    let echo = h.node(3, test_config()).await;
+    let mut unanswered = silent.register(SERVICE, 16).unwrap();
+    spawn_echo(echo.register(ECHO, 16).unwrap());
+    let silent_address = silent.local().address.clone();
+    let waiting: Vec<_> = (0..2)
+        .map(|i| spawn_request(&a, &silent_address, SERVICE, n(i), LONG_TIMEOUT))
+        .collect();
+    // Both reached the silent service: they are pending, not refused.
+    let held = [recv(&mut unanswered).await, recv(&mut unanswered).await];
+    assert_eq!(a.metrics().snapshot().requests_pending, 2);
+    let refused = a
+        .request(&silent_address, SERVICE, Lane::Control, n(2), LONG_TIMEOUT)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        RequestError::TooManyPendingForPeer {
+            to: silent_address.clone(),
+            pending: 2,
+            max_pending_requests_per_peer: 2,
+        }
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("max_pending_requests_per_peer=2")
+    );
+    let answer = a
+        .request(
+            &echo.local().address,
+            ECHO,
+            Lane::Control,
+            text("still here"),
+            LONG_TIMEOUT,
+        )
+        .await
+        .expect("a request to another peer goes out");
+    assert_eq!(&answer[..], b"re:still here");
+    let metrics = a.metrics().snapshot();
+    assert_eq!(metrics.requests_refused_too_many_pending_for_peer, 1);
+    assert_eq!(metrics.requests_refused_too_many_pending, 0);
+    // Answered, the silent peer's slots are free again.
+    for inbound in held {
+        inbound.reply.unwrap().respond(text("late")).unwrap();
+    }
+    for request in waiting {
+        outcome(request).await.expect("answered");
+    }
+    assert_eq!(a.metrics().snapshot().requests_pending, 0);
+    let mut echo_again = silent.register(ECHO, 16).unwrap();
+    let again = spawn_request(&a, &silent_address, ECHO, n(3), LONG_TIMEOUT);
+    recv(&mut echo_again)
+        .await
+        .reply
+        .unwrap()
+        .respond(text("ok"))
+        .unwrap();
+    assert_eq!(&outcome(again).await.unwrap()[..], b"ok");
+}
+
 pub(super) async fn message_for_unknown_service_is_counted<H: Harness>(h: &H) {
     let a = h.node(1, test_config()).await;
     let b = h.node(2, test_config()).await;
@@ -703,6 +774,7 @@ macro_rules! transport_suite {
             respond_error_reaches_the_requester_unchanged,
             over_long_rejected_reason_reaches_the_requester_cut_at_a_character_boundary,
             answer_too_large_to_send_reaches_the_requester_as_dropped,
+            a_silent_peer_holds_at_most_its_share_of_pending_requests,
         );
     };
     (@tests $harness:expr; $($name:ident),+ $(,)?) => {

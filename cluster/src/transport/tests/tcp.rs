@@ -203,6 +203,42 @@ async fn silent_connection_times_out_in_the_handshake() {
     assert_still_serving(&server, &mut rx, None).await;
 }
 
+/// Connections in their handshake are bounded: beyond `max_inbound_handshakes` a new one is
+/// closed at once and counted, the gauges show the ones held, and once those end (here: the
+/// client gives up) an authenticated peer gets through.
+#[tokio::test]
+async fn connections_beyond_max_inbound_handshakes_are_closed_and_counted() {
+    let config = TransportConfig {
+        max_inbound_handshakes: 2,
+        // Longer than the test: the two silent connections end only when dropped.
+        handshake_timeout: Duration::from_secs(60),
+        ..test_config()
+    };
+    let server = TcpHarness.node(1, config).await;
+    let mut rx = server.register(SERVICE, 16).unwrap();
+    let silent = [connect_raw(&server).await, connect_raw(&server).await];
+    eventually("two handshakes held", || {
+        server.metrics().snapshot().inbound_handshakes == 2
+    })
+    .await;
+    for _ in 0..3 {
+        let mut extra = connect_raw(&server).await;
+        until_closed(&mut extra).await;
+    }
+    let metrics = server.metrics().snapshot();
+    assert_eq!(metrics.connections_refused_too_many_handshakes, 3);
+    assert_eq!(metrics.inbound_handshakes, 2);
+    assert_eq!(metrics.inbound_connections, 2);
+    drop(silent);
+    eventually("handshake slots given back", || {
+        let metrics = server.metrics().snapshot();
+        metrics.inbound_handshakes == 0 && metrics.inbound_connections == 0
+    })
+    .await;
+    assert_still_serving(&server, &mut rx, None).await;
+    assert_eq!(server.metrics().snapshot().inbound_handshakes, 0);
+}
+
 #[tokio::test]
 async fn binding_port_zero_reports_the_real_port() {
     let node = TcpHarness.node(5, test_config()).await;
