@@ -13,5 +13,7 @@ pub mod http;
 #[doc(hidden)]
 pub mod http_client;
 pub mod logging;
+#[doc(hidden)]
+pub mod netns;
 pub mod node;
 pub mod sharding_tool;
