@@ -33,7 +33,7 @@ pub const CONFIG_FILE_ENV: &str = "TESSERA_CONFIG";
 /// The `TESSERA_*` variables that are not configuration keys, which the node accepts and
 /// ignores (everything else with the prefix is refused as a likely typo): the config file, the
 /// test tools' knobs (a node spawned by a test inherits them), and the CLI client's.
-pub const ENV_VARS_NOT_KEYS: [&str; 10] = [
+pub const ENV_VARS_NOT_KEYS: [&str; 11] = [
     // The config file, read by `NodeConfig::load`.
     CONFIG_FILE_ENV,
     // Seeds and trace of the deterministic simulation tests.
@@ -47,6 +47,8 @@ pub const ENV_VARS_NOT_KEYS: [&str; 10] = [
     "TESSERA_SINGLETON_SIM_SEED",
     // Keeps the multi-process tests' directories for inspection.
     "TESSERA_KEEP_TEST_DIRS",
+    // How long the soak test runs `tessera soak`.
+    "TESSERA_SOAK_MINUTES",
     // The CLI client: which node's HTTP API it talks to, and its token.
     "TESSERA_NODE",
     "TESSERA_TOKEN",
@@ -1855,7 +1857,7 @@ mod tests {
 
     #[test]
     fn the_variables_of_tools_and_the_client_are_not_refused() {
-        assert_eq!(ENV_VARS_NOT_KEYS.len(), 10);
+        assert_eq!(ENV_VARS_NOT_KEYS.len(), 11);
         for name in [
             "TESSERA_CONFIG",
             "TESSERA_SIM_SEEDS",
@@ -1865,6 +1867,7 @@ mod tests {
             "TESSERA_SINGLETON_SIM_SEED",
             "TESSERA_KEEP_TEST_DIRS",
             "TESSERA_JOURNAL_CRASH_CHILD_DIR",
+            "TESSERA_SOAK_MINUTES",
             "TESSERA_NODE",
             "TESSERA_TOKEN",
         ] {

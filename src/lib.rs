@@ -17,3 +17,4 @@ pub mod logging;
 pub mod netns;
 pub mod node;
 pub mod sharding_tool;
+pub mod soak;

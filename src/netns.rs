@@ -256,10 +256,6 @@ impl Network {
         &self.names
     }
 
-    pub fn nodes(&self) -> usize {
-        self.nodes
-    }
-
     /// Drops every packet node `from` sends to the nodes `to`: an htb root qdisc on the
     /// namespace end of its veth (egress, that is: what leaves the node), whose default class
     /// 1:10 passes and whose class 1:20, where u32 filters send packets to `to`, is a
@@ -351,11 +347,6 @@ impl Network {
             self.shaped.remove(&i);
         }
         Ok(())
-    }
-
-    /// Whether a partition is in place.
-    pub fn is_partitioned(&self) -> bool {
-        !self.shaped.is_empty()
     }
 
     /// Deletes the namespaces and links, and returns what is still there afterwards
