@@ -296,6 +296,11 @@ pub struct SoakArgs {
     /// Seed of the nemesis's and the clients' choices [default: random, printed]
     #[arg(long)]
     pub seed: Option<u64>,
+    /// The nodes' stable_after: how long the split-brain resolver waits for a stable view
+    /// (Akka's recommendation for up to 10 nodes); long pauses and partitions are drawn to
+    /// outlast it, so that nodes get downed
+    #[arg(long, value_name = "DURATION", default_value = "7s", value_parser = parse_stable_after)]
+    pub stable_after: std::time::Duration,
     /// Print the summary as one JSON object
     #[arg(long)]
     pub json: bool,
@@ -308,6 +313,17 @@ pub struct SoakArgs {
     /// Corrupt the evidence so that the checker must find an anomaly (a check of the checker)
     #[arg(long, hide = true, value_enum)]
     pub sabotage: Option<crate::soak::Sabotage>,
+}
+
+/// A `stable_after` for the soak's nodes: 1 s to 1 min.
+fn parse_stable_after(value: &str) -> Result<std::time::Duration, String> {
+    let duration = humantime::parse_duration(value).map_err(|e| format!("{value:?}: {e}"))?;
+    if (std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(60)).contains(&duration)
+    {
+        Ok(duration)
+    } else {
+        Err(format!("{value}: expected 1s to 60s"))
+    }
 }
 
 /// Minutes: a positive number, at most a week.

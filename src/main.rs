@@ -77,6 +77,7 @@ async fn run(cli: Cli) -> ExitCode {
                 minutes: args.minutes,
                 nodes: usize::from(args.nodes),
                 seed: args.seed.unwrap_or_else(rand::random),
+                stable_after: args.stable_after,
                 keep_dir: args.keep_dir,
                 max_rss_bytes: args.max_rss_mib.saturating_mul(1024 * 1024),
                 sabotage: args.sabotage,

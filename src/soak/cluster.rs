@@ -20,12 +20,9 @@ const NAMESPACE_HTTP_PORT: u16 = 8558;
 /// How long a node has to exit after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
-/// The settings every soak node runs with, beyond its addresses and data directory.
+/// The settings every soak node runs with, beyond its addresses, data directory and
+/// `stable_after`.
 pub const NODE_SETTINGS: &[&str] = &[
-    // Short, so that the soak sees several downings: a node cut off or paused for longer
-    // than failure detection (about 4 s) plus this is downed by the split-brain resolver.
-    "--stable-after",
-    "3s",
     "--entity-ask-timeout",
     "5s",
     // Rebalancing after restarted nodes rejoin is part of what the soak exercises.
@@ -121,6 +118,7 @@ impl Cluster {
         placement: Placement,
         nodes: usize,
         secret: &str,
+        stable_after: Duration,
         start: Instant,
     ) -> Cluster {
         let seeds: Vec<String> = (0..nodes)
@@ -153,6 +151,12 @@ impl Cluster {
                 node_args.extend(["--http-token".to_string(), secret.to_string()]);
             }
             node_args.extend(NODE_SETTINGS.iter().map(|s| s.to_string()));
+            // Short, so that the soak sees several downings: a node cut off or paused for
+            // longer than failure detection (about 4 s) plus this is downed.
+            node_args.extend([
+                "--stable-after".to_string(),
+                humantime::format_duration(stable_after).to_string(),
+            ]);
             args.push(node_args);
             specs.push(NodeSpec {
                 cluster: format!("{host}:{port}"),

@@ -74,6 +74,8 @@ pub struct SoakOptions {
     pub minutes: f64,
     pub nodes: usize,
     pub seed: u64,
+    /// The nodes' `stable_after` (the split-brain resolver's wait).
+    pub stable_after: Duration,
     /// Keep the directory with the nodes' data and logs and the history even when valid.
     pub keep_dir: bool,
     pub max_rss_bytes: u64,
@@ -163,19 +165,28 @@ async fn run_in(exe: &Path, dir: &Path, options: &SoakOptions) -> Result<Summary
     progress(
         None,
         &format!(
-            "tessera soak: {} nodes for {} min, seed {}; nodes on {placement_text}; partitions \
-             {partitions}; logs in {}",
+            "tessera soak: {} nodes for {} min, seed {}, stable-after {}; nodes on \
+             {placement_text}; partitions {partitions}; logs in {}",
             options.nodes,
             options.minutes,
             options.seed,
+            humantime::format_duration(options.stable_after),
             dir.display()
         ),
     );
     let setup = Instant::now();
-    let cluster = Cluster::new(exe, dir, placement, options.nodes, &secret, setup);
+    let cluster = Cluster::new(
+        exe,
+        dir,
+        placement,
+        options.nodes,
+        &secret,
+        options.stable_after,
+        setup,
+    );
     let https: Vec<SocketAddr> = cluster.specs().iter().map(|s| s.http).collect();
     let pids = cluster.pids();
-    let (mut nemesis, health) = Nemesis::new(cluster, options.seed, false);
+    let (mut nemesis, health) = Nemesis::new(cluster, options.seed, options.stable_after, false);
     nemesis.start_all().await?;
     wait_formed(&https).await?;
     progress(

@@ -173,12 +173,20 @@ pub struct Nemesis {
     record: NemesisRecord,
     healthy: watch::Sender<bool>,
     quiet: bool,
+    /// About how long after it stops answering a node is downed: failure detection (about
+    /// 4 s at the defaults) plus the split-brain resolver's `stable_after`.
+    downed_after_ms: u64,
 }
 
 impl Nemesis {
     /// A nemesis over `cluster` (not started yet) drawing its choices from `seed`; partitions
     /// only where the nodes run in namespaces. `quiet`: no progress lines on stderr.
-    pub fn new(cluster: Cluster, seed: u64, quiet: bool) -> (Nemesis, Health) {
+    pub fn new(
+        cluster: Cluster,
+        seed: u64,
+        stable_after: Duration,
+        quiet: bool,
+    ) -> (Nemesis, Health) {
         let partitions = matches!(cluster.placement(), Placement::Namespaces { .. });
         let nodes = cluster.len();
         let (healthy, health) = watch::channel(false);
@@ -196,6 +204,7 @@ impl Nemesis {
             record: NemesisRecord::default(),
             healthy,
             quiet,
+            downed_after_ms: 4_000 + u64::try_from(stable_after.as_millis()).unwrap_or(u64::MAX),
         };
         (nemesis, health)
     }
@@ -509,7 +518,8 @@ impl Nemesis {
         let now = Instant::now();
         match fault {
             Fault::Kill => {
-                let down_ms = self.rng.random_range(500..8_000);
+                // Most restarts come before the cluster downs the node, some after.
+                let down_ms = self.rng.random_range(500..self.downed_after_ms + 4_000);
                 for &i in &targets {
                     self.cluster.kill(i).await;
                     self.states[i] = NodeState::Killed {
@@ -528,7 +538,8 @@ impl Nemesis {
                 let pause_ms = if self.rng.random_bool(0.5) {
                     self.rng.random_range(500..3_000)
                 } else {
-                    self.rng.random_range(6_000..15_000)
+                    self.rng
+                        .random_range(self.downed_after_ms..self.downed_after_ms + 8_000)
                 };
                 for &i in &targets {
                     self.cluster.pause(i);
@@ -571,7 +582,7 @@ impl Nemesis {
                 let mut majority: Vec<usize> = nodes[minority_size..].to_vec();
                 minority.sort_unstable();
                 majority.sort_unstable();
-                let heal_ms = self.rng.random_range(3_000..15_000);
+                let heal_ms = self.rng.random_range(3_000..self.downed_after_ms + 8_000);
                 self.partition_network(vec![minority.clone(), majority.clone()])
                     .await?;
                 let shape = format!("{}|{}", minority.len(), majority.len());
