@@ -74,3 +74,14 @@ if [ ${#browser_missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "  sudo sh -c '$browser_cmd'" >&2
   fi
 fi
+
+# iproute2's `ip` and `tc`, for what partitions nodes in network namespaces
+# (tests/partition_process.rs, and `tessera soak` with tests/soak_process.rs). Namespaces need
+# root, so only root needs them; without them the partition test skips and the soak runs
+# without partitions, each saying why, so a failure here only warns.
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
+   && { ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; }; then
+  echo "tessera: installing iproute2 (ip, tc) for the partition tests" >&2
+  sh -c "apt-get update && apt-get install -y iproute2" >&2 \
+    || echo "warning: could not install iproute2; partitions will be skipped" >&2
+fi

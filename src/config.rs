@@ -33,7 +33,7 @@ pub const CONFIG_FILE_ENV: &str = "TESSERA_CONFIG";
 /// The `TESSERA_*` variables that are not configuration keys, which the node accepts and
 /// ignores (everything else with the prefix is refused as a likely typo): the config file, the
 /// test tools' knobs (a node spawned by a test inherits them), and the CLI client's.
-pub const ENV_VARS_NOT_KEYS: [&str; 12] = [
+pub const ENV_VARS_NOT_KEYS: [&str; 13] = [
     // The config file, read by `NodeConfig::load`.
     CONFIG_FILE_ENV,
     // Seeds and trace of the deterministic simulation tests.
@@ -50,6 +50,8 @@ pub const ENV_VARS_NOT_KEYS: [&str; 12] = [
     "TESSERA_SINGLETON_SIM_SEED",
     // Keeps the multi-process tests' directories for inspection.
     "TESSERA_KEEP_TEST_DIRS",
+    // How long the soak test runs `tessera soak`.
+    "TESSERA_SOAK_MINUTES",
     // The CLI client: which node's HTTP API it talks to, and its token.
     "TESSERA_NODE",
     "TESSERA_TOKEN",
@@ -2022,7 +2024,7 @@ mod tests {
 
     #[test]
     fn the_variables_of_tools_and_the_client_are_not_refused() {
-        assert_eq!(ENV_VARS_NOT_KEYS.len(), 12);
+        assert_eq!(ENV_VARS_NOT_KEYS.len(), 13);
         for name in [
             "TESSERA_CONFIG",
             "TESSERA_SIM_SEEDS",
@@ -2034,6 +2036,7 @@ mod tests {
             "TESSERA_JOURNAL_CRASH_CHILD_DIR",
             "TESSERA_POWER_LOSS_CHILD_DIR",
             "TESSERA_POWER_LOSS_CHILD_MODE",
+            "TESSERA_SOAK_MINUTES",
             "TESSERA_NODE",
             "TESSERA_TOKEN",
         ] {

@@ -69,11 +69,25 @@ pub async fn spawn_node(
     args: &[String],
     log: PathBuf,
 ) -> Result<NodeProcess, DemoError> {
+    let mut command = Command::new(exe);
+    command.arg("node").args(args);
+    spawn_command(command, index, log).await
+}
+
+/// Spawns `command`, a `tessera node` invocation (possibly wrapped, as in `ip netns exec`,
+/// which must exec the node), with its stderr appended to `log`, and waits for the node's
+/// "listening" line.
+pub async fn spawn_command(
+    mut command: Command,
+    index: usize,
+    log: PathBuf,
+) -> Result<NodeProcess, DemoError> {
     let spawn_error = |reason: String| DemoError::Spawn { index, reason };
-    let log_file = std::fs::File::create(&log)?;
-    let mut child = Command::new(exe)
-        .arg("node")
-        .args(args)
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)?;
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log_file))

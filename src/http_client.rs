@@ -23,6 +23,9 @@ pub fn use_token(token: &str) {
 /// A request that did not produce a response.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpClientError {
+    /// No connection could be opened: the request was never sent.
+    #[error("HTTP request to {address}: cannot connect: {reason}")]
+    Connect { address: SocketAddr, reason: String },
     #[error("HTTP request to {address} failed: {source}")]
     Io {
         address: SocketAddr,
@@ -99,7 +102,17 @@ pub async fn request(
             .body(body.to_string());
     }
     let response = request.send().await.map_err(|e| {
-        if e.is_timeout() {
+        if e.is_connect() {
+            // The error's own text names only the URL; the cause ("Connection refused") is
+            // in its source chain.
+            let mut reason = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                reason = cause.to_string();
+                source = cause.source();
+            }
+            HttpClientError::Connect { address, reason }
+        } else if e.is_timeout() {
             HttpClientError::Timeout { address, timeout }
         } else {
             io(e.to_string())

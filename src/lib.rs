@@ -15,5 +15,8 @@ pub mod http;
 #[doc(hidden)]
 pub mod http_client;
 pub mod logging;
+#[doc(hidden)]
+pub mod netns;
 pub mod node;
 pub mod sharding_tool;
+pub mod soak;

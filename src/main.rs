@@ -1,6 +1,7 @@
-//! The `tessera` binary: `node` runs a cluster node, `demo` the main job, `bench` benchmarks,
-//! `sharding` maintenance of a stopped node's sharding data, and the client commands
-//! (`members`, `join`, `leave`, `down`, `shards`, `ddata`, `entity`) talk to a running node.
+//! The `tessera` binary: `node` runs a cluster node, `demo` the main job, `soak` the nemesis
+//! soak, `bench` benchmarks, `sharding` maintenance of a stopped node's sharding data, and the
+//! client commands (`members`, `join`, `leave`, `down`, `shards`, `ddata`, `entity`) talk to a
+//! running node.
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -67,6 +68,39 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(e) => {
                     eprintln!("error: demo failed: {e}");
                     ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Soak(args) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            let options = tessera::soak::SoakOptions {
+                minutes: args.minutes,
+                nodes: usize::from(args.nodes),
+                seed: args.seed.unwrap_or_else(rand::random),
+                stable_after: args.stable_after,
+                keep_dir: args.keep_dir,
+                max_rss_bytes: args.max_rss_mib.saturating_mul(1024 * 1024),
+                sabotage: args.sabotage,
+            };
+            match tessera::soak::run(options).await {
+                Ok(summary) => {
+                    if args.json {
+                        match serde_json::to_string(&summary) {
+                            Ok(json) => println!("{json}"),
+                            Err(e) => eprintln!("error: cannot encode the summary: {e}"),
+                        }
+                    } else {
+                        print!("{}", summary.text());
+                    }
+                    if summary.valid {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(tessera::soak::EXIT_ANOMALIES)
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: the soak could not run: {e}");
+                    ExitCode::from(tessera::soak::EXIT_HARNESS_FAILURE)
                 }
             }
         }

@@ -272,7 +272,7 @@ impl ClusterCore {
         let gossip = self.membership.gossip();
         let members: Vec<Member> = gossip.members.values().cloned().collect();
         let unreachable = gossip.unreachable_excluding_downed_observers();
-        let indirectly_connected = gossip.reachability.indirectly_connected();
+        let indirectly_connected = gossip.indirectly_connected_excluding_downed_observers();
         let view = SbrView {
             self_node: self.membership.self_node(),
             members: &members,

@@ -99,19 +99,40 @@ impl Gossip {
             .retain(|_, removed_at| now_wall_ms.saturating_sub(*removed_at) < retention_ms);
     }
 
-    /// Subjects reported unreachable, ignoring verdicts of Down or Exiting observers (which
-    /// are on their way out and may never update their rows again).
+    /// Whether `observer`'s verdicts count: it is a member that is not Down or Exiting. Those
+    /// are on their way out and may never update their rows again; a node downed while it
+    /// was paused, for one, finds every other node unreachable when it resumes and gossips
+    /// so before it hears that it was downed.
+    fn counts_as_observer(&self, observer: &UniqueAddress) -> bool {
+        self.members
+            .get(observer)
+            .is_some_and(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Exiting))
+    }
+
+    /// Subjects reported unreachable, ignoring verdicts of observers that do not count.
     pub fn unreachable_excluding_downed_observers(&self) -> BTreeSet<UniqueAddress> {
         self.reachability
             .all_unreachable()
             .into_iter()
             .filter(|subject| {
-                self.reachability.observers_of(subject).iter().any(|o| {
-                    self.members.get(o).is_some_and(|m| {
-                        !matches!(m.status, MemberStatus::Down | MemberStatus::Exiting)
-                    })
-                })
+                self.reachability
+                    .observers_of(subject)
+                    .iter()
+                    .any(|o| self.counts_as_observer(o))
             })
+            .collect()
+    }
+
+    /// Members both reported unreachable and reporting others unreachable (the ends of a
+    /// one-way or partial partition, which the split-brain resolver downs), ignoring
+    /// verdicts of observers that do not count: otherwise the rows of one downed node that
+    /// resumed would make every node that sees it unreachable "indirectly connected".
+    pub fn indirectly_connected_excluding_downed_observers(&self) -> BTreeSet<UniqueAddress> {
+        let unreachable = self.unreachable_excluding_downed_observers();
+        self.reachability
+            .observers_with_unreachable()
+            .into_iter()
+            .filter(|observer| self.counts_as_observer(observer) && unreachable.contains(observer))
             .collect()
     }
 
@@ -133,7 +154,7 @@ impl Gossip {
     /// The leader as seen from `self_node`: the first reachable Up or Leaving member in address
     /// order; without one, the first reachable member that is not Down (Exiting last).
     pub fn leader(&self, self_node: &UniqueAddress) -> Option<UniqueAddress> {
-        let unreachable = self.reachability.all_unreachable();
+        let unreachable = self.unreachable_excluding_downed_observers();
         let candidates: Vec<&Member> = self
             .members
             .values()
@@ -189,6 +210,44 @@ mod tests {
         assert_eq!(g.leader(&node(3)), Some(node(3)));
         // The unreachable node still sees itself as reachable.
         assert_eq!(g.leader(&node(2)), Some(node(2)));
+    }
+
+    /// A node downed while paused resumes, finds every other node unreachable and gossips
+    /// so before it hears it was downed (found by `tessera soak`: every node then led itself
+    /// and downed all the others as indirectly connected, splitting the cluster in five).
+    #[test]
+    fn a_downed_observer_neither_moves_the_leader_nor_makes_others_indirectly_connected() {
+        let mut g = with_members(&[
+            (1, MemberStatus::Up),
+            (2, MemberStatus::Down),
+            (3, MemberStatus::Up),
+            (4, MemberStatus::Up),
+            (5, MemberStatus::Up),
+        ]);
+        for i in [1, 3, 4, 5] {
+            g.reachability
+                .set(&node(i), &node(2), ReachabilityStatus::Unreachable);
+            g.reachability
+                .set(&node(2), &node(i), ReachabilityStatus::Unreachable);
+        }
+        for i in [1, 3, 4, 5] {
+            assert_eq!(g.leader(&node(i)), Some(node(1)), "as node {i} sees it");
+        }
+        assert_eq!(
+            g.unreachable_excluding_downed_observers(),
+            BTreeSet::from([node(2)])
+        );
+        assert!(
+            g.indirectly_connected_excluding_downed_observers()
+                .is_empty()
+        );
+        // Once it counts again (it did not, as Down), the same rows make a partial partition.
+        g.members.get_mut(&node(2)).unwrap().status = MemberStatus::Up;
+        assert_eq!(g.leader(&node(3)), Some(node(3)));
+        assert_eq!(
+            g.indirectly_connected_excluding_downed_observers(),
+            BTreeSet::from([node(1), node(2), node(3), node(4), node(5)])
+        );
     }
 
     #[test]

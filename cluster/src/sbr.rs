@@ -19,11 +19,13 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DowningStrategy {
     /// The side with more counted members survives; on a tie, the side with the lowest
-    /// address among the counted members. Adapts to cluster size; the default.
+    /// address among the counted members. Adapts to cluster size; the default. Indirectly
+    /// connected members count on the other side, also when nothing else is unreachable.
     KeepMajority { role: Option<String> },
     /// The side with at least `quorum_size` counted members survives; a side below it downs
     /// itself; when both sides reach it (misconfiguration) everyone is downed. For a cluster
-    /// of fixed size: `quorum_size` should be more than half of it.
+    /// of fixed size: `quorum_size` should be more than half of it. Indirectly connected
+    /// members count on the other side, as for keep-majority.
     StaticQuorum {
         quorum_size: usize,
         role: Option<String>,
@@ -68,10 +70,20 @@ impl DowningStrategy {
     /// (checked by a property test).
     pub fn decide(&self, view: &SbrView<'_>) -> Option<DowningDecision> {
         let sides = Sides::of(self, view)?;
-        let reason = if sides.unreachable.is_empty() {
-            DowningReason::DownIndirectlyConnected
-        } else {
+        let reason = if !sides.unreachable.is_empty() {
             self.outcome(&sides)
+        } else if self.survives_by_count() && self.outcome(&sides) != DowningReason::DownUnreachable
+        {
+            // Only indirectly connected members are unreachable, but they are so many that
+            // our side would lose a clean partition against them: down everyone, ourselves
+            // included. Views differ while gossip cannot converge, and stale rows (say, of a
+            // node killed just after a partition healed) can make a lone node see every
+            // other member as indirectly connected while another node, seeing it the other
+            // way round, leads its own side; both keeping themselves would split the
+            // cluster (found by `tessera soak`, seed 10).
+            DowningReason::DownReachable
+        } else {
+            DowningReason::DownIndirectlyConnected
         };
         let mut down: BTreeSet<UniqueAddress> = match reason {
             DowningReason::DownUnreachable => sides.unreachable.clone(),
@@ -81,6 +93,15 @@ impl DowningStrategy {
         };
         down.extend(sides.indirect.iter().cloned());
         Some(DowningDecision { down, reason })
+    }
+
+    /// Whether a side survives by its number of counted members (a majority or a quorum),
+    /// rather than by holding a particular member.
+    fn survives_by_count(&self) -> bool {
+        matches!(
+            self,
+            DowningStrategy::KeepMajority { .. } | DowningStrategy::StaticQuorum { .. }
+        )
     }
 
     /// Which side goes down, given that something not indirectly connected is unreachable.
@@ -686,6 +707,43 @@ mod tests {
         let d = decide(DowningStrategy::default(), &five(), 1, &[2, 3], &[2, 3]).unwrap();
         assert_eq!(d.down, set(&[2, 3]));
         assert_eq!(d.reason, DowningReason::DownIndirectlyConnected);
+    }
+
+    /// Seen by `tessera soak`: a partition {1,2}|{3,4,5} heals, 2 and 5 are killed at once,
+    /// and node 1, whose own rows and those about it are already cleared, still holds 2's
+    /// stale rows (3, 4, 5 unreachable) and 3's, 4's and 5's (2 unreachable): all four are
+    /// indirectly connected. Node 4, not yet seeing 1 reachable again, saw the mirror image.
+    /// Each kept itself and downed the rest: two single-node clusters. A count-based strategy
+    /// now downs its own side too when the indirectly connected would outnumber it.
+    #[test]
+    fn a_side_outnumbered_by_the_indirectly_connected_downs_itself_too() {
+        let d = decide(
+            DowningStrategy::default(),
+            &five(),
+            1,
+            &[2, 3, 4, 5],
+            &[2, 3, 4, 5],
+        )
+        .unwrap();
+        assert_eq!(d.down, set(&[1, 2, 3, 4, 5]));
+        assert_eq!(d.reason, DowningReason::DownReachable);
+        let quorum = DowningStrategy::StaticQuorum {
+            quorum_size: 3,
+            role: None,
+        };
+        let d = decide(quorum.clone(), &five(), 4, &[1, 2, 3, 5], &[1, 2, 3, 5]).unwrap();
+        assert_eq!(d.down, set(&[1, 2, 3, 4, 5]));
+        // Outnumbering them, our side survives and downs only them.
+        let d = decide(quorum, &five(), 1, &[4, 5], &[4, 5]).unwrap();
+        assert_eq!(d.down, set(&[4, 5]));
+        assert_eq!(d.reason, DowningReason::DownIndirectlyConnected);
+        // Keep-oldest keeps Akka's rule: the side that is left survives.
+        let oldest = DowningStrategy::KeepOldest {
+            down_if_alone: false,
+            role: None,
+        };
+        let d = decide(oldest, &five(), 1, &[2, 3, 4, 5], &[2, 3, 4, 5]).unwrap();
+        assert_eq!(d.down, set(&[2, 3, 4, 5]));
     }
 
     #[test]

@@ -362,6 +362,7 @@ impl<T: Transport> Sharding<T> {
             started.push(singleton);
         }
         let router = Router {
+            self_uid: transport.local().uid,
             regions: region_inputs,
             coordinators,
             counters: counters.clone(),
@@ -566,6 +567,8 @@ fn stopping(type_name: &str) -> AskFailure {
 
 /// Routes the node's inbound sharding frames to regions and coordinators.
 struct Router {
+    /// This node's incarnation: frames for a region of another one are dropped.
+    self_uid: u64,
     regions: HashMap<String, mpsc::Sender<RegionInput>>,
     coordinators: CoordinatorRoutes,
     counters: Arc<ShardingCounters>,
@@ -619,6 +622,11 @@ impl Router {
             return;
         };
         let input = match frame {
+            ShardingFrame::ToRegion { to_uid, .. } if to_uid != self.self_uid => {
+                ShardingCounters::incr(&self.counters.frames_unrouted);
+                tracing::debug!(%from, to_uid, "sharding frame for an earlier incarnation of this node dropped");
+                return;
+            }
             ShardingFrame::ToRegion { message, .. } => {
                 RegionInput::FromCoordinator { from, message }
             }
@@ -1515,6 +1523,7 @@ impl<T: Transport> CoordinatorTask<T> {
                 CoordinatorOutput::Send { to, message } => {
                     let frame = ShardingFrame::ToRegion {
                         type_name: self.type_name.clone(),
+                        to_uid: to.uid,
                         message,
                     };
                     // Lost messages are repeated by the coordinator's or regions' timers.
@@ -1535,5 +1544,50 @@ impl<T: Transport> CoordinatorTask<T> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inbound_to_region(to_uid: u64) -> Inbound {
+        let frame = ShardingFrame::ToRegion {
+            type_name: "account".into(),
+            to_uid,
+            message: ToRegion::HostShard { shard: ShardId(3) },
+        };
+        Inbound {
+            from: UniqueAddress::new(Address::new("10.0.0.2", 25520), 99),
+            service: services::SHARDING,
+            payload: Bytes::from(wire::encode(&frame).unwrap()),
+            reply: None,
+        }
+    }
+
+    /// Found by `tessera soak`: an account hosted by two regions at once after nodes were
+    /// restarted at their addresses. A frame for the previous incarnation of this node (a
+    /// repeated `HostShard`, say) must not reach the new one's region.
+    #[test]
+    fn a_frame_for_an_earlier_incarnation_of_this_node_is_dropped() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let counters = Arc::new(ShardingCounters::default());
+        let router = Router {
+            self_uid: 7,
+            regions: HashMap::from([("account".to_string(), tx)]),
+            coordinators: CoordinatorRoutes::default(),
+            counters: counters.clone(),
+        };
+        router.route(inbound_to_region(6));
+        assert!(rx.try_recv().is_err());
+        assert_eq!(counters.frames_unrouted.load(Ordering::Relaxed), 1);
+        router.route(inbound_to_region(7));
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(RegionInput::FromCoordinator {
+                message: ToRegion::HostShard { .. },
+                ..
+            })
+        ));
     }
 }

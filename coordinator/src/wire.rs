@@ -34,6 +34,11 @@ pub enum ShardingFrame {
     },
     ToRegion {
         type_name: String,
+        /// The incarnation of the region's node the coordinator means: a node restarted at
+        /// the same address drops the frame, since a `HostShard` repeated for its previous
+        /// incarnation would otherwise start a shard the coordinator has since given to
+        /// another region.
+        to_uid: u64,
         message: ToRegion,
     },
     Marker {

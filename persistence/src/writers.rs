@@ -761,14 +761,8 @@ impl Actor {
                         },
                     );
                 }
-                Output::Ready { .. } => {
-                    if let Some(slot) = self.slots.get_mut(id) {
-                        let ready = ready_log(&slot.writer);
-                        for waiter in slot.waiting.drain(..) {
-                            let _ = waiter.send(Ok(ready.clone()));
-                        }
-                    }
-                }
+                // The waiters are answered below, whenever the writer serves.
+                Output::Ready { .. } => {}
                 Output::Completed { op, outcome } => {
                     let pending = self.slots.get_mut(id).and_then(|s| s.ops.remove(&op));
                     if let Some(pending) = pending {
@@ -789,6 +783,19 @@ impl Actor {
                         }
                     }
                 }
+            }
+        }
+        // A writer announces `Ready` once, when it first serves; one that moves its log to
+        // other members recovers again and then serves without a second `Ready`. Callers
+        // that asked while it was moving wait in `waiting` and are answered here, or they
+        // would wait for ever (an entity recovering on this node would never start).
+        if let Some(slot) = self.slots.get_mut(id)
+            && slot.writer.is_serving()
+            && !slot.waiting.is_empty()
+        {
+            let ready = ready_log(&slot.writer);
+            for waiter in slot.waiting.drain(..) {
+                let _ = waiter.send(Ok(ready.clone()));
             }
         }
         if stopped && let Some(slot) = self.slots.remove(id) {

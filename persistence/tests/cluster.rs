@@ -571,3 +571,78 @@ async fn a_new_log_waits_for_membership_to_converge() {
         ["e1"]
     );
 }
+
+/// Found by `tessera soak`: an entity that started on a node while that node's writer of its
+/// log was moving the log off a member that left asked for the log (`Ready`) during the move,
+/// and was never answered: the writer serves again after a move without announcing it, so the
+/// entity's recovery waited for ever and every command to it timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_again() {
+    let (network, nodes) = cluster(4).await;
+    let a = nodes[0].persistence.journal.clone();
+    let here = nodes[0].transport.local().address.clone();
+    for seq in 1..=3 {
+        a.append(write("log-m", seq, &format!("e{seq}")))
+            .await
+            .unwrap();
+    }
+    let config = a.writer_status("log-m").await.unwrap().config.unwrap();
+    let gone = config
+        .members
+        .iter()
+        .find(|m| m.address != here)
+        .unwrap()
+        .address
+        .clone();
+    // Every message to and from this node takes a while, so that the move (locating the
+    // spare, then two rounds of fencing) lasts long enough to ask during it.
+    for node in &nodes {
+        let other = node.transport.local().address.clone();
+        if other != here {
+            network.set_delay(&here, &other, Duration::from_millis(150));
+            network.set_delay(&other, &here, Duration::from_millis(150));
+        }
+    }
+    network.crash(&gone);
+    let remaining: Vec<Address> = nodes
+        .iter()
+        .map(|n| n.transport.local().address.clone())
+        .filter(|address| *address != gone)
+        .collect();
+    for node in &nodes {
+        let address = node.transport.local().address.clone();
+        if let Some(me) = remaining.iter().position(|a| *a == address) {
+            node.membership.send_replace(snapshot(me, &remaining));
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let phase = a.writer_status("log-m").await.map(|s| s.phase);
+        if phase.is_some_and(|p| p != "serving") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer never moved the log off {gone}: {phase:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let journal = a.clone();
+    let asked = tokio::spawn(async move { journal.highest_sequence_nr("log-m").await });
+    let answer = tokio::time::timeout(Duration::from_secs(15), asked)
+        .await
+        .expect("the read asked during the move is never answered")
+        .unwrap();
+    assert_eq!(answer.unwrap(), 3);
+    let status = a.writer_status("log-m").await.unwrap();
+    assert_eq!(status.phase, "serving");
+    assert!(
+        !status
+            .config
+            .unwrap()
+            .members
+            .iter()
+            .any(|m| m.address == gone),
+        "the log did not move off {gone}"
+    );
+}
