@@ -202,6 +202,7 @@ pub mod seeds {
                     .into_iter()
                     .map(|message| ShardingFrame::ToRegion {
                         type_name: type_name(),
+                        to_uid: 2007,
                         message,
                     }),
             )

@@ -183,6 +183,8 @@ impl Node {
             ShardingFrame::ToCoordinator { message, .. } => {
                 Said::Coordinator(self.coordinator.receive(from, message, now))
             }
+            // Meant for another incarnation of this node: the runtime drops it.
+            ShardingFrame::ToRegion { to_uid, .. } if to_uid != self.me.uid => return,
             ShardingFrame::ToRegion { message, .. } => {
                 let out = self.region.from_coordinator(&from, message, now);
                 // Answers only from the coordinator it registered with.
@@ -395,6 +397,7 @@ pub mod seeds {
                 1,
                 ShardingFrame::ToRegion {
                     type_name: "account".into(),
+                    to_uid: node(0).uid,
                     message: ToRegion::HostShard { shard: shard(9) },
                 },
             ),

@@ -16,6 +16,11 @@
 //!   unknown) sent before it was answered.
 //! - **sets**: every majority read of a set holds every add acknowledged before it was sent,
 //!   and nothing that was not added (or whose add failed, or was sent after it was answered).
+//!
+//!   Both hold for durable keys (`d-...`) whatever happened. A key kept only in memory
+//!   promises less, in Distributed Data as in Akka: once every node was down at the same
+//!   time (a blackout), it starts again from nothing, so for such keys only what was
+//!   acknowledged after the last blackout before a read must be in it.
 //! - **single home**: in no stable sample of who hosts what does an account live on two nodes.
 //! - **memory**: every node's resident set stayed below the bound, and its gauges below their
 //!   caps.
@@ -27,7 +32,7 @@
 
 use super::history::{Observed, OpKind, Operation, Outcome, Request};
 use super::memory::{CAPS, MemoryRecord};
-use super::nemesis::Crash;
+use super::nemesis::{Crash, Event, EventKind};
 use super::ownership::OwnershipRecord;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -53,6 +58,71 @@ pub struct Evidence<'a> {
     pub memory: &'a MemoryRecord,
     pub rss_bound_bytes: u64,
     pub crashes: &'a [Crash],
+    /// When the times every node was down at once ended (µs from the start), ascending: see
+    /// [`blackouts`].
+    pub blackouts_us: &'a [u64],
+}
+
+/// Whether a Distributed Data key of the soak is durable on its nodes (`--durable-keys d-*`).
+pub fn is_durable_key(key: &str) -> bool {
+    key.starts_with("d-")
+}
+
+/// The ends of the blackouts (µs from the start, ascending): the first restart after every
+/// node of `nodes` was down at once (killed, left, downed, removed or crashed). Keys kept
+/// only in memory start again from nothing after a blackout; an answer that reached its
+/// client during one was sent before it, so only what was acknowledged after its end must
+/// survive. A paused node still holds its memory and counts as running.
+pub fn blackouts(events: &[Event], nodes: usize) -> Vec<u64> {
+    let mut down = vec![false; nodes];
+    let mut in_blackout = false;
+    let mut ends = Vec::new();
+    for event in events {
+        let is_down = match event.kind {
+            EventKind::Kill
+            | EventKind::Left
+            | EventKind::Downed
+            | EventKind::Removed
+            | EventKind::Crash => true,
+            EventKind::Restart => false,
+            _ => continue,
+        };
+        for node in &event.nodes {
+            if let Some(d) = node.checked_sub(1).and_then(|i| down.get_mut(i)) {
+                *d = is_down;
+            }
+        }
+        if nodes > 0 && down.iter().all(|d| *d) {
+            in_blackout = true;
+        } else if in_blackout {
+            in_blackout = false;
+            ends.push(event.at_ms.saturating_mul(1000));
+        }
+    }
+    ends
+}
+
+/// From when a read sent at `invoked_us` must see `key`'s acknowledged writes: the start for
+/// a durable key, else the end of the last blackout before the read.
+fn memory_since(key: &str, invoked_us: u64, blackouts_us: &[u64]) -> u64 {
+    if is_durable_key(key) {
+        return 0;
+    }
+    let n = blackouts_us.partition_point(|at| *at < invoked_us);
+    if n == 0 { 0 } else { blackouts_us[n - 1] }
+}
+
+/// How the blackouts are reported in a check's summary.
+fn blackouts_note(blackouts_us: &[u64]) -> String {
+    if blackouts_us.is_empty() {
+        return String::new();
+    }
+    let at: Vec<String> = blackouts_us.iter().map(|t| secs(*t)).collect();
+    format!(
+        "; every node was down at once until {} (memory-only keys count only what was \
+         acknowledged after that)",
+        at.join(", ")
+    )
 }
 
 /// One check's result.
@@ -423,8 +493,12 @@ fn counters(evidence: &Evidence) -> CheckResult {
         } else {
             during += 1;
         }
+        let since = memory_since(key, op.invoked_us, evidence.blackouts_us);
         let (low, high) = timelines.get(key.as_str()).map_or((0, 0), |(ack, sent)| {
-            (ack.before(op.invoked_us), sent.before(op.completed_us))
+            (
+                ack.before(op.invoked_us).saturating_sub(ack.before(since)),
+                sent.before(op.completed_us),
+            )
         });
         if *value < 0 || (*value as u64) < low || (*value as u64) > high {
             anomalies.push(format!(
@@ -457,8 +531,9 @@ fn counters(evidence: &Evidence) -> CheckResult {
     CheckResult::new(
         "counters",
         format!(
-            "{during} majority reads during the soak and {at_end} at the end; final values {}",
-            final_values.join(", ")
+            "{during} majority reads during the soak and {at_end} at the end; final values {}{}",
+            final_values.join(", "),
+            blackouts_note(evidence.blackouts_us)
         ),
         anomalies,
     )
@@ -516,11 +591,13 @@ fn sets(evidence: &Evidence) -> CheckResult {
             secs(op.invoked_us),
             op.node + 1
         );
+        let since = memory_since(key, op.invoked_us, evidence.blackouts_us);
         let missing: Vec<u64> = acknowledged
             .get(key.as_str())
             .into_iter()
             .flatten()
             .take_while(|(completed, _)| *completed < op.invoked_us)
+            .filter(|(completed, _)| *completed >= since)
             .filter(|(_, element)| elements.binary_search(element).is_err())
             .map(|(_, element)| *element)
             .collect();
@@ -556,8 +633,9 @@ fn sets(evidence: &Evidence) -> CheckResult {
         "sets",
         format!(
             "{} keys, {ok} adds acknowledged; {during} majority reads during the soak and \
-             {at_end} at the end",
-            adds.len()
+             {at_end} at the end{}",
+            adds.len(),
+            blackouts_note(evidence.blackouts_us)
         ),
         anomalies,
     )

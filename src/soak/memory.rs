@@ -41,7 +41,7 @@ pub const CAPS: &[Cap] = &[
         name: "transport peers",
         series: "tessera_transport_peers",
         limit: Some(1_024),
-        setting: "the transport's peer limit",
+        setting: "transport_max_peers",
     },
     Cap {
         name: "HTTP connections",
@@ -52,8 +52,14 @@ pub const CAPS: &[Cap] = &[
     Cap {
         name: "ddata keys",
         series: "tessera_ddata_keys",
-        limit: None,
-        setting: "no cap yet",
+        limit: Some(1_000_000),
+        setting: "ddata_max_keys",
+    },
+    Cap {
+        name: "ddata bytes",
+        series: "tessera_ddata_bytes",
+        limit: Some(256 * 1024 * 1024),
+        setting: "ddata_max_total_bytes",
     },
 ];
 

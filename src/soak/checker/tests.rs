@@ -55,6 +55,7 @@ struct Case {
     ownership: OwnershipRecord,
     memory: MemoryRecord,
     crashes: Vec<Crash>,
+    blackouts_us: Vec<u64>,
     converged: bool,
 }
 
@@ -66,6 +67,7 @@ impl Case {
             ownership: OwnershipRecord::default(),
             memory: MemoryRecord::default(),
             crashes: Vec::new(),
+            blackouts_us: Vec::new(),
             converged: true,
         }
     }
@@ -80,6 +82,7 @@ impl Case {
             memory: &self.memory,
             rss_bound_bytes: 1 << 30,
             crashes: &self.crashes,
+            blackouts_us: &self.blackouts_us,
         });
         let result = results
             .into_iter()
@@ -270,6 +273,69 @@ fn the_sabotaged_extra_increment_is_found() {
     operations.push(extra);
     let anomalies = Case::new(operations, vec![count("c", 1_000, 2)]).anomalies("counters");
     assert_eq!(anomalies.len(), 1, "{anomalies:?}");
+}
+
+/// A nemesis event at `at_ms`.
+fn event(kind: EventKind, nodes: &[usize], at_ms: u64) -> Event {
+    Event {
+        at_ms,
+        kind,
+        nodes: nodes.to_vec(),
+        detail: String::new(),
+    }
+}
+
+#[test]
+fn a_blackout_ends_with_the_first_restart_after_every_node_was_down() {
+    let events = vec![
+        event(EventKind::Kill, &[1], 1),
+        event(EventKind::Pause, &[2], 2),
+        event(EventKind::Restart, &[1], 3),
+        event(EventKind::Kill, &[1, 3], 4),
+        event(EventKind::Downed, &[2], 5),
+        event(EventKind::Restart, &[3], 6),
+        event(EventKind::Restart, &[1], 7),
+        event(EventKind::Left, &[1], 8),
+    ];
+    assert_eq!(blackouts(&events, 3), vec![6_000]);
+    // A paused node is running: no blackout without node 2's downing.
+    assert!(blackouts(&events[..4], 3).is_empty());
+}
+
+#[test]
+fn memory_only_keys_may_forget_what_a_blackout_took_and_durable_keys_may_not() {
+    let operations = vec![
+        increment("c", 2, 0, Outcome::Ok),
+        increment("d-c", 2, 0, Outcome::Ok),
+        add("s", 1, 0, Outcome::Ok),
+        add("d-s", 2, 0, Outcome::Ok),
+        increment("c", 3, 2_000, Outcome::Ok),
+        add("s", 3, 2_000, Outcome::Ok),
+    ];
+    let after = vec![
+        count("c", 5_000, 3),
+        count("d-c", 5_000, 0),
+        elements("s", 5_000, &[3]),
+        elements("d-s", 5_000, &[]),
+    ];
+    let mut case = Case::new(operations.clone(), after.clone());
+    // Without a blackout, all four lost what they held.
+    assert_eq!(case.anomalies("counters").len(), 2);
+    assert_eq!(case.anomalies("sets").len(), 2);
+    // With one ending before the later writes, only the durable keys' losses are anomalies,
+    case.blackouts_us = vec![1_000];
+    let counters = case.anomalies("counters");
+    assert_eq!(counters.len(), 1, "{counters:?}");
+    assert!(counters[0].starts_with("d-c:"), "{counters:?}");
+    let sets = case.anomalies("sets");
+    assert_eq!(sets.len(), 1, "{sets:?}");
+    assert!(sets[0].starts_with("d-s:"), "{sets:?}");
+    // and what was acknowledged after it must still be there.
+    let lost_after = vec![count("c", 5_000, 0), elements("s", 5_000, &[])];
+    let mut case = Case::new(operations, lost_after);
+    case.blackouts_us = vec![1_000];
+    assert_eq!(case.anomalies("counters").len(), 1);
+    assert_eq!(case.anomalies("sets").len(), 1);
 }
 
 fn add(key: &str, element: u64, at: u64, outcome: Outcome) -> Operation {
