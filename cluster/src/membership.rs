@@ -623,8 +623,15 @@ impl Membership {
         }
     }
 
+    /// Members to gossip with: every other member not reported unreachable by an observer
+    /// that counts. Verdicts of Down or Exiting observers are left out, as for convergence:
+    /// a node downed while paused reports everyone unreachable when it resumes, and its rows
+    /// stay until the leader removes it, which needs convergence, which needs gossip between
+    /// the members left; honouring those rows here stopped that gossip for good (found by
+    /// `tessera soak`: two Up members that never removed three Down ones nor let their new
+    /// incarnations join).
     fn gossip_candidates(&self) -> Vec<UniqueAddress> {
-        let unreachable = self.latest.reachability.all_unreachable();
+        let unreachable = self.latest.unreachable_excluding_downed_observers();
         self.latest
             .members
             .keys()
