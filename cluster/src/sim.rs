@@ -58,6 +58,9 @@ pub struct Simulation {
     latency_ms: (u64, u64),
     pub messages_delivered: u64,
     pub messages_dropped: u64,
+    /// Nodes whose process is stopped (SIGSTOP), with their timers and deliveries held
+    /// until they resume.
+    paused: BTreeMap<Address, Vec<Scheduled>>,
 }
 
 impl Simulation {
@@ -75,6 +78,7 @@ impl Simulation {
             latency_ms: (1, 10),
             messages_delivered: 0,
             messages_dropped: 0,
+            paused: BTreeMap::new(),
         }
     }
 
@@ -147,6 +151,25 @@ impl Simulation {
         }
     }
 
+    /// Stops a node's process (SIGSTOP): its timers stop and what is sent to it waits, as in
+    /// its socket buffers, until [`Simulation::resume`].
+    pub fn pause(&mut self, address: &Address) {
+        self.paused.entry(address.clone()).or_default();
+    }
+
+    /// Resumes a paused node (SIGCONT): its overdue timer fires first, then what reached it
+    /// while it was stopped, in order.
+    pub fn resume(&mut self, address: &Address) {
+        let Some(mut held) = self.paused.remove(address) else {
+            return;
+        };
+        // Stable: deliveries keep their order.
+        held.sort_by_key(|item| !matches!(item, Scheduled::Tick(_)));
+        for item in held {
+            self.schedule(self.now, item);
+        }
+    }
+
     /// Runs until `until` returns true (checked after every step) or `max` simulated time
     /// passes; `check` is called after every step for invariants. Returns whether `until` held.
     pub fn run_until(
@@ -192,6 +215,14 @@ impl Simulation {
     /// Processes one scheduled item; returns whether any node's state may have changed.
     fn step(&mut self, item: Scheduled) -> bool {
         let now = self.now;
+        let target = match &item {
+            Scheduled::Start(address) | Scheduled::Tick(address) => address,
+            Scheduled::Deliver { to, .. } => to,
+        };
+        if let Some(held) = self.paused.get_mut(target) {
+            held.push(item);
+            return false;
+        }
         let address = match item {
             Scheduled::Start(address) => {
                 let Some(node) = self.nodes.get_mut(&address) else {

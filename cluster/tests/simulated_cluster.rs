@@ -334,3 +334,63 @@ fn joining_member_becomes_weakly_up_while_convergence_is_blocked() {
         );
     }
 }
+
+/// A node paused (SIGSTOP) until the others have downed it resumes, hears no heartbeat for
+/// the whole pause and reports every other member unreachable before it learns that it is
+/// Down. Those verdicts must not count: the members left still gossip, converge, remove it
+/// and let its next incarnation join (found by `tessera soak`, seed 10, where honouring them
+/// stopped gossip between the members left for good).
+#[test]
+fn a_node_downed_while_paused_does_not_stop_the_others_converging() {
+    for seed in seeds() {
+        let (mut sim, addresses) = form(seed, 5, Some(Duration::from_secs(2)));
+        let paused = addresses[4].clone();
+        let others = set(&addresses[..4]);
+        sim.pause(&paused);
+        let downed = sim.run_until(
+            Duration::from_secs(30),
+            |_| {},
+            |s| s.view(&addresses[0]).get(&paused) == Some(&MemberStatus::Down),
+        );
+        assert!(
+            downed,
+            "seed {seed}: paused node not downed: {:?}",
+            sim.view(&addresses[0])
+        );
+        sim.resume(&paused);
+        let removed = sim.run_until(
+            Duration::from_secs(30),
+            |_| {},
+            |s| s.all_up_and_converged(&others),
+        );
+        assert!(
+            removed,
+            "seed {seed}: the members left did not converge without the downed node: {:?}, \
+             unreachable {:?}",
+            sim.view(&addresses[0]),
+            sim.node(&addresses[0])
+                .core
+                .membership()
+                .gossip()
+                .reachability
+                .all_unreachable()
+        );
+        let seeds = [addresses[0].clone(), addresses[1].clone()];
+        sim.start_node(
+            paused.clone(),
+            config(&seeds, Some(Duration::from_secs(2))),
+            Duration::ZERO,
+        );
+        let all = set(&addresses);
+        let rejoined = sim.run_until(
+            Duration::from_secs(30),
+            |_| {},
+            |s| s.all_up_and_converged(&all),
+        );
+        assert!(
+            rejoined,
+            "seed {seed}: the paused node's next incarnation did not join: {:?}",
+            sim.view(&addresses[0])
+        );
+    }
+}
