@@ -18,9 +18,9 @@
 //!   and nothing that was not added (or whose add failed, or was sent after it was answered).
 //!
 //!   Both hold for durable keys (`d-...`) whatever happened. A key kept only in memory
-//!   promises less, in Distributed Data as in Akka: once every node was down at the same
-//!   time (a blackout), it starts again from nothing, so for such keys only what was
-//!   acknowledged after the last blackout before a read must be in it.
+//!   promises less, in Distributed Data as in Akka: once no running process holds it, it
+//!   starts again from nothing, so for such keys only what was acknowledged after the last
+//!   such loss before a read must be in it (see [`memory_losses`]).
 //! - **single home**: in no stable sample of who hosts what does an account live on two nodes.
 //! - **memory**: every node's resident set stayed below the bound, and its gauges below their
 //!   caps.
@@ -58,9 +58,9 @@ pub struct Evidence<'a> {
     pub memory: &'a MemoryRecord,
     pub rss_bound_bytes: u64,
     pub crashes: &'a [Crash],
-    /// When the times every node was down at once ended (µs from the start), ascending: see
-    /// [`blackouts`].
-    pub blackouts_us: &'a [u64],
+    /// When the memory-only keys were lost (µs from the start), ascending: see
+    /// [`memory_losses`].
+    pub memory_losses_us: &'a [u64],
 }
 
 /// Whether a Distributed Data key of the soak is durable on its nodes (`--durable-keys d-*`).
@@ -68,59 +68,176 @@ pub fn is_durable_key(key: &str) -> bool {
     key.starts_with("d-")
 }
 
-/// The ends of the blackouts (µs from the start, ascending): the first restart after every
-/// node of `nodes` was down at once (killed, left, downed, removed or crashed). Keys kept
-/// only in memory start again from nothing after a blackout; an answer that reached its
-/// client during one was sent before it, so only what was acknowledged after its end must
-/// survive. A paused node still holds its memory and counts as running.
-pub fn blackouts(events: &[Event], nodes: usize) -> Vec<u64> {
-    let mut down = vec![false; nodes];
-    let mut in_blackout = false;
-    let mut ends = Vec::new();
+/// How long a restarted node must run, unpaused and on the same side of any partition as a
+/// node that holds the memory-only keys, before it counts as holding them too: time to join
+/// and take a few of Distributed Data's full-state gossip rounds (1 s apart).
+pub const HOLDER_AFTER_MS: u64 = 5_000;
+
+/// The moments (µs from the start, ascending) at which the keys kept only in memory were
+/// lost: the last process that held them ended (killed, left, downed, removed or crashed).
+///
+/// Every process holds them at the start. A restarted process starts empty and holds them
+/// once it has run for [`HOLDER_AFTER_MS`], unpaused, while a holder ran unpaused on its side
+/// of any partition (so that gossip could reach it); if no holder is left when it starts, it
+/// holds them at once (there is nothing to learn). When the last holder ends, the processes
+/// still running become the holders of what comes after. A paused process keeps its memory
+/// and stays a holder.
+///
+/// Distributed Data, as Akka's, promises no more for keys not kept durable: once no running
+/// process has a key, it starts again from nothing. A write acknowledged before such a moment
+/// may be gone; one acknowledged after it must be in every later read.
+pub fn memory_losses(events: &[Event], nodes: usize) -> Vec<u64> {
+    let mut holders = Holders::new(nodes);
+    let mut losses = Vec::new();
     for event in events {
-        let is_down = match event.kind {
+        holders.promote_until(event.at_ms);
+        let nodes_of_event = event.nodes.iter().filter_map(|n| n.checked_sub(1));
+        match event.kind {
             EventKind::Kill
             | EventKind::Left
             | EventKind::Downed
             | EventKind::Removed
-            | EventKind::Crash => true,
-            EventKind::Restart => false,
-            _ => continue,
-        };
-        for node in &event.nodes {
-            if let Some(d) = node.checked_sub(1).and_then(|i| down.get_mut(i)) {
-                *d = is_down;
+            | EventKind::Crash => {
+                for i in nodes_of_event {
+                    holders.set(i, Process::Ended);
+                }
+                if !holders.any_holder() {
+                    losses.push(event.at_ms.saturating_mul(1000));
+                    holders.running_hold_all();
+                }
             }
+            EventKind::Restart => {
+                let fresh = !holders.any_holder();
+                for i in nodes_of_event {
+                    holders.set(i, Process::Running { holder: fresh });
+                }
+            }
+            EventKind::Pause => nodes_of_event.for_each(|i| holders.pause(i, true)),
+            EventKind::Resume => nodes_of_event.for_each(|i| holders.pause(i, false)),
+            EventKind::Partition => holders.cut = nodes_of_event.collect(),
+            EventKind::Heal => holders.cut.clear(),
+            EventKind::Terminate | EventKind::StartFailed => {}
         }
-        if nodes > 0 && down.iter().all(|d| *d) {
-            in_blackout = true;
-        } else if in_blackout {
-            in_blackout = false;
-            ends.push(event.at_ms.saturating_mul(1000));
+        holders.reconnect(event.at_ms);
+    }
+    losses
+}
+
+/// A node's process, as [`memory_losses`] sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Process {
+    Ended,
+    Running { holder: bool },
+}
+
+/// Who holds the memory-only keys, for [`memory_losses`].
+struct Holders {
+    processes: Vec<Process>,
+    paused: Vec<bool>,
+    /// Since when (ms) each running non-holder could be reached by an unpaused holder.
+    reachable_since_ms: Vec<Option<u64>>,
+    /// The minority side of the partition in force (0-based), if any.
+    cut: BTreeSet<usize>,
+}
+
+impl Holders {
+    fn new(nodes: usize) -> Holders {
+        Holders {
+            processes: vec![Process::Running { holder: true }; nodes],
+            paused: vec![false; nodes],
+            reachable_since_ms: vec![None; nodes],
+            cut: BTreeSet::new(),
         }
     }
-    ends
+
+    fn set(&mut self, i: usize, process: Process) {
+        if let Some(p) = self.processes.get_mut(i) {
+            *p = process;
+        }
+        if let Some(paused) = self.paused.get_mut(i) {
+            *paused = false;
+        }
+    }
+
+    fn pause(&mut self, i: usize, paused: bool) {
+        if let Some(p) = self.paused.get_mut(i) {
+            *p = paused;
+        }
+    }
+
+    fn is_holder(&self, i: usize) -> bool {
+        self.processes[i] == Process::Running { holder: true }
+    }
+
+    fn any_holder(&self) -> bool {
+        (0..self.processes.len()).any(|i| self.is_holder(i))
+    }
+
+    fn running_hold_all(&mut self) {
+        for p in &mut self.processes {
+            if let Process::Running { holder } = p {
+                *holder = true;
+            }
+        }
+    }
+
+    /// Whether gossip can flow between `i` and some other holder now.
+    fn reaches_a_holder(&self, i: usize) -> bool {
+        !self.paused[i]
+            && (0..self.processes.len()).any(|j| {
+                j != i
+                    && self.is_holder(j)
+                    && !self.paused[j]
+                    && self.cut.contains(&j) == self.cut.contains(&i)
+            })
+    }
+
+    /// Starts or stops the clock of every running non-holder after a change at `now_ms`.
+    fn reconnect(&mut self, now_ms: u64) {
+        for i in 0..self.processes.len() {
+            let waiting = self.processes[i] == Process::Running { holder: false };
+            self.reachable_since_ms[i] = if waiting && self.reaches_a_holder(i) {
+                Some(self.reachable_since_ms[i].unwrap_or(now_ms))
+            } else {
+                None
+            };
+        }
+    }
+
+    /// Makes holders of the processes whose clock ran out by `now_ms`, in time order (a new
+    /// holder can start another's clock).
+    fn promote_until(&mut self, now_ms: u64) {
+        loop {
+            let next = (0..self.processes.len())
+                .filter_map(|i| Some((self.reachable_since_ms[i]? + HOLDER_AFTER_MS, i)))
+                .filter(|(at, _)| *at <= now_ms)
+                .min();
+            let Some((at_ms, i)) = next else { return };
+            self.processes[i] = Process::Running { holder: true };
+            self.reconnect(at_ms);
+        }
+    }
 }
 
 /// From when a read sent at `invoked_us` must see `key`'s acknowledged writes: the start for
-/// a durable key, else the end of the last blackout before the read.
-fn memory_since(key: &str, invoked_us: u64, blackouts_us: &[u64]) -> u64 {
+/// a durable key, else the last loss of the memory-only keys before the read.
+fn memory_since(key: &str, invoked_us: u64, memory_losses_us: &[u64]) -> u64 {
     if is_durable_key(key) {
         return 0;
     }
-    let n = blackouts_us.partition_point(|at| *at < invoked_us);
-    if n == 0 { 0 } else { blackouts_us[n - 1] }
+    let n = memory_losses_us.partition_point(|at| *at < invoked_us);
+    if n == 0 { 0 } else { memory_losses_us[n - 1] }
 }
 
-/// How the blackouts are reported in a check's summary.
-fn blackouts_note(blackouts_us: &[u64]) -> String {
-    if blackouts_us.is_empty() {
+/// How the losses of the memory-only keys are reported in a check's summary.
+fn memory_losses_note(memory_losses_us: &[u64]) -> String {
+    if memory_losses_us.is_empty() {
         return String::new();
     }
-    let at: Vec<String> = blackouts_us.iter().map(|t| secs(*t)).collect();
+    let at: Vec<String> = memory_losses_us.iter().map(|t| secs(*t)).collect();
     format!(
-        "; every node was down at once until {} (memory-only keys count only what was \
-         acknowledged after that)",
+        "; the last process holding the memory-only keys ended at {} (they count only what \
+         was acknowledged after that)",
         at.join(", ")
     )
 }
@@ -493,7 +610,7 @@ fn counters(evidence: &Evidence) -> CheckResult {
         } else {
             during += 1;
         }
-        let since = memory_since(key, op.invoked_us, evidence.blackouts_us);
+        let since = memory_since(key, op.invoked_us, evidence.memory_losses_us);
         let (low, high) = timelines.get(key.as_str()).map_or((0, 0), |(ack, sent)| {
             (
                 ack.before(op.invoked_us).saturating_sub(ack.before(since)),
@@ -533,7 +650,7 @@ fn counters(evidence: &Evidence) -> CheckResult {
         format!(
             "{during} majority reads during the soak and {at_end} at the end; final values {}{}",
             final_values.join(", "),
-            blackouts_note(evidence.blackouts_us)
+            memory_losses_note(evidence.memory_losses_us)
         ),
         anomalies,
     )
@@ -591,7 +708,7 @@ fn sets(evidence: &Evidence) -> CheckResult {
             secs(op.invoked_us),
             op.node + 1
         );
-        let since = memory_since(key, op.invoked_us, evidence.blackouts_us);
+        let since = memory_since(key, op.invoked_us, evidence.memory_losses_us);
         let missing: Vec<u64> = acknowledged
             .get(key.as_str())
             .into_iter()
@@ -635,7 +752,7 @@ fn sets(evidence: &Evidence) -> CheckResult {
             "{} keys, {ok} adds acknowledged; {during} majority reads during the soak and \
              {at_end} at the end{}",
             adds.len(),
-            blackouts_note(evidence.blackouts_us)
+            memory_losses_note(evidence.memory_losses_us)
         ),
         anomalies,
     )

@@ -258,7 +258,7 @@ async fn run_in(exe: &Path, dir: &Path, options: &SoakOptions) -> Result<Summary
         memory: &memory,
         rss_bound_bytes: options.max_rss_bytes,
         crashes: &record.crashes,
-        blackouts_us: &checker::blackouts(&record.events, options.nodes),
+        memory_losses_us: &checker::memory_losses(&record.events, options.nodes),
     });
     let anomalies = checks.iter().map(|c| c.anomaly_count).sum();
     Ok(Summary {
