@@ -233,6 +233,70 @@ proptest! {
     }
 }
 
+/// The logs the group properties write.
+const GROUP_LOGS: [&str; 3] = ["account|a", "account|b", "account|c"];
+const GROUP_LIMITS: ReadLimits = ReadLimits {
+    max_tail_entries: 1_000,
+    max_bytes: 1 << 20,
+};
+
+/// One write of a group property: the log (an index into [`GROUP_LOGS`]), the request, and
+/// the model's answer to it.
+type GroupWrite = (usize, Request<StoredEvent>, Response<StoredEvent>);
+
+/// The writes `steps` make, each with the answer the model gives when they are applied one
+/// by one in that order, and the models after them all. Reads are left out: they do not go
+/// through the writer, so they are not ordered with writes.
+fn group_writes(steps: &[(usize, Step)]) -> (Vec<GroupWrite>, Vec<MemoryLog<StoredEvent>>) {
+    let mut models: Vec<MemoryLog<StoredEvent>> = (0..GROUP_LOGS.len())
+        .map(|_| MemoryLog::default())
+        .collect();
+    let mut counter = 0u8;
+    let mut writes = Vec::new();
+    for (log, step) in steps {
+        if matches!(step, Step::Read { .. }) {
+            continue;
+        }
+        let request = request(step, &models[*log], &mut counter);
+        let expected = models[*log].handle(&Rules::default(), request.clone(), GROUP_LIMITS);
+        writes.push((*log, request, expected));
+    }
+    (writes, models)
+}
+
+/// Every log of [`GROUP_LOGS`] reads whole from `journal` as from its model.
+async fn assert_logs_read_as_models(
+    journal: &RocksJournal,
+    models: &[MemoryLog<StoredEvent>],
+) -> Result<(), TestCaseError> {
+    for (log, model) in GROUP_LOGS.iter().zip(models) {
+        let whole = Request::Read {
+            from: 0,
+            to: u64::MAX,
+            max_entries: 10_000,
+            max_bytes: 1 << 30,
+        };
+        let read = journal.replica_apply(log, whole.clone()).await.unwrap();
+        let mut model = MemoryLog {
+            meta: model.meta.clone(),
+            entries: model.entries.clone(),
+        };
+        prop_assert_eq!(
+            normalise(read),
+            model.handle(&Rules::default(), whole, GROUP_LIMITS)
+        );
+    }
+    Ok(())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -243,48 +307,25 @@ proptest! {
     fn requests_for_many_logs_in_one_group_answer_as_one_by_one(
         steps in proptest::collection::vec((0usize..3, step()), 1..80)
     ) {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        runtime().block_on(async {
             let dir = tempfile::tempdir().unwrap();
             let journal = open(dir.path()).await;
-            let logs = ["account|a", "account|b", "account|c"];
-            let mut models: Vec<MemoryLog<StoredEvent>> = (0..3).map(|_| MemoryLog::default()).collect();
-            let rules = Rules::default();
-            let limits = ReadLimits { max_tail_entries: 1_000, max_bytes: 1 << 20 };
-            let mut counter = 0u8;
-            let mut sent = Vec::new();
-            for (log, step) in &steps {
-                if matches!(step, Step::Read { .. }) {
-                    // Reads do not go through the writer: they are not ordered with writes.
-                    continue;
-                }
-                let request = request(step, &models[*log], &mut counter);
-                let expected = models[*log].handle(&rules, request.clone(), limits);
-                let answer = journal.replica_apply(logs[*log], request.clone());
-                sent.push((answer, expected, request));
-            }
+            let (writes, models) = group_writes(&steps);
+            let sent: Vec<_> = writes
+                .into_iter()
+                .map(|(log, request, expected)| {
+                    (journal.replica_apply(GROUP_LOGS[log], request.clone()), expected, request)
+                })
+                .collect();
             for (i, (answer, expected, request)) in sent.into_iter().enumerate() {
                 let actual = answer.await.unwrap();
                 prop_assert_eq!(normalise(actual), expected, "request {} {:?}", i, request);
             }
-            for (log, model) in logs.iter().zip(&models) {
-                let whole = Request::Read { from: 0, to: u64::MAX, max_entries: 10_000, max_bytes: 1 << 30 };
-                let read = journal.replica_apply(log, whole.clone()).await.unwrap();
-                let mut model = MemoryLog { meta: model.meta.clone(), entries: model.entries.clone() };
-                prop_assert_eq!(normalise(read), model.handle(&rules, whole, limits));
-            }
+            assert_logs_read_as_models(&journal, &models).await?;
             journal.close().await;
             Ok(())
         })?;
     }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// The same, with the requests sent in batches (`replica_apply_many`, as a replica
     /// service passes on a message from a writer node) of random sizes, some for one log
@@ -294,30 +335,12 @@ proptest! {
         steps in proptest::collection::vec((0usize..3, step()), 1..80),
         cuts in proptest::collection::vec(1usize..12, 1..20),
     ) {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        runtime().block_on(async {
             let dir = tempfile::tempdir().unwrap();
             let journal = open(dir.path()).await;
-            let logs = ["account|a", "account|b", "account|c"];
-            let mut models: Vec<MemoryLog<StoredEvent>> = (0..3).map(|_| MemoryLog::default()).collect();
-            let rules = Rules::default();
-            let limits = ReadLimits { max_tail_entries: 1_000, max_bytes: 1 << 20 };
-            let mut counter = 0u8;
-            let mut requests = Vec::new();
-            for (log, step) in &steps {
-                if matches!(step, Step::Read { .. }) {
-                    continue;
-                }
-                let request = request(step, &models[*log], &mut counter);
-                let expected = models[*log].handle(&rules, request.clone(), limits);
-                requests.push((logs[*log].to_string(), request, expected));
-            }
+            let (writes, models) = group_writes(&steps);
             let mut sent = Vec::new();
-            let mut rest = requests.as_slice();
+            let mut rest = writes.as_slice();
             for cut in cuts.iter().cycle() {
                 if rest.is_empty() {
                     break;
@@ -325,7 +348,10 @@ proptest! {
                 let (batch, after) = rest.split_at((*cut).min(rest.len()));
                 rest = after;
                 let answers = journal.replica_apply_many(
-                    batch.iter().map(|(log, request, _)| (log.clone(), request.clone())).collect(),
+                    batch
+                        .iter()
+                        .map(|(log, request, _)| (GROUP_LOGS[*log].to_string(), request.clone()))
+                        .collect(),
                 );
                 sent.push((answers, batch.to_vec()));
             }
@@ -336,12 +362,7 @@ proptest! {
                     prop_assert_eq!(normalise(answer.unwrap()), expected, "{} {:?}", log, request);
                 }
             }
-            for (log, model) in logs.iter().zip(&models) {
-                let whole = Request::Read { from: 0, to: u64::MAX, max_entries: 10_000, max_bytes: 1 << 30 };
-                let read = journal.replica_apply(log, whole.clone()).await.unwrap();
-                let mut model = MemoryLog { meta: model.meta.clone(), entries: model.entries.clone() };
-                prop_assert_eq!(normalise(read), model.handle(&rules, whole, limits));
-            }
+            assert_logs_read_as_models(&journal, &models).await?;
             journal.close().await;
             Ok(())
         })?;

@@ -133,22 +133,8 @@ impl<T: Transport> ReplicaCaller for TransportCaller<T> {
             Ok(bytes) => Bytes::from(bytes),
             Err(e) => return Box::pin(futures::future::ready(Err(e.to_string()))),
         };
-        let transport = self.transport.clone();
-        let address = to.clone();
-        let timeout = self.timeout;
-        Box::pin(async move {
-            let answer = transport
-                .request(
-                    &address,
-                    services::JOURNAL_REPLICA,
-                    Lane::Bulk,
-                    bytes,
-                    timeout,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            ReplicaReply::decode(&answer).map_err(|e| e.to_string())
-        })
+        let answer = self.request(to, bytes);
+        Box::pin(async move { ReplicaReply::decode(&answer.await?).map_err(|e| e.to_string()) })
     }
 
     fn call_batch(
@@ -168,11 +154,27 @@ impl<T: Transport> ReplicaCaller for TransportCaller<T> {
                 return Box::pin(futures::future::ready(vec![Err(reason); expected]));
             }
         };
+        let answer = self.request(to, bytes);
+        Box::pin(async move {
+            let answer = answer
+                .await
+                .and_then(|answer| decode_replies(&answer, expected).map_err(|e| e.to_string()));
+            match answer {
+                Ok(replies) => replies.into_iter().map(Ok).collect(),
+                Err(reason) => vec![Err(reason); expected],
+            }
+        })
+    }
+}
+
+impl<T: Transport> TransportCaller<T> {
+    /// Sends one encoded message to the replica service of `to` and waits for its answer.
+    fn request(&self, to: &Address, bytes: Bytes) -> BoxFuture<'static, Result<Bytes, String>> {
         let transport = self.transport.clone();
         let address = to.clone();
         let timeout = self.timeout;
         Box::pin(async move {
-            let answer = transport
+            transport
                 .request(
                     &address,
                     services::JOURNAL_REPLICA,
@@ -182,11 +184,6 @@ impl<T: Transport> ReplicaCaller for TransportCaller<T> {
                 )
                 .await
                 .map_err(|e| e.to_string())
-                .and_then(|answer| decode_replies(&answer, expected).map_err(|e| e.to_string()));
-            match answer {
-                Ok(replies) => replies.into_iter().map(Ok).collect(),
-                Err(reason) => vec![Err(reason); expected],
-            }
         })
     }
 }
