@@ -592,24 +592,14 @@ fn counters(evidence: &Evidence) -> CheckResult {
         .map(|(k, (a, s))| (k, (Timeline::new(a), Timeline::new(s))))
         .collect();
     let mut anomalies = Vec::new();
-    let (mut during, mut at_end) = (0, 0);
-    let reads = evidence
-        .operations
-        .iter()
-        .map(|op| (op, false))
-        .chain(evidence.final_reads.iter().map(|op| (op, true)));
-    for (op, is_final) in reads {
-        let Request::CounterRead { key } = &op.request else {
+    let mut tally = ReadTally::default();
+    for (op, is_final) in answered_reads(evidence) {
+        let (Request::CounterRead { key }, Some(Observed::Count(value))) =
+            (&op.request, &op.observed)
+        else {
             continue;
         };
-        let (Outcome::Ok, Some(Observed::Count(value))) = (op.outcome, &op.observed) else {
-            continue;
-        };
-        if is_final {
-            at_end += 1;
-        } else {
-            during += 1;
-        }
+        tally.add(is_final);
         let since = memory_since(key, op.invoked_us, evidence.memory_losses_us);
         let (low, high) = timelines.get(key.as_str()).map_or((0, 0), |(ack, sent)| {
             (
@@ -619,12 +609,9 @@ fn counters(evidence: &Evidence) -> CheckResult {
         });
         if *value < 0 || (*value as u64) < low || (*value as u64) > high {
             anomalies.push(format!(
-                "{key}: {}majority read sent at {} to node {} answered {value}, outside [{low}, \
-                 {high}] (increments acknowledged before it was sent, and all sent before it \
-                 was answered)",
-                if is_final { "final " } else { "" },
-                secs(op.invoked_us),
-                op.node + 1
+                "{} answered {value}, outside [{low}, {high}] (increments acknowledged before \
+                 it was sent, and all sent before it was answered)",
+                read_label(key, op, is_final)
             ));
         }
     }
@@ -648,7 +635,7 @@ fn counters(evidence: &Evidence) -> CheckResult {
     CheckResult::new(
         "counters",
         format!(
-            "{during} majority reads during the soak and {at_end} at the end; final values {}{}",
+            "{tally}; final values {}{}",
             final_values.join(", "),
             memory_losses_note(evidence.memory_losses_us)
         ),
@@ -684,30 +671,15 @@ fn sets(evidence: &Evidence) -> CheckResult {
         })
         .collect();
     let mut anomalies = Vec::new();
-    let (mut during, mut at_end) = (0, 0);
-    let reads = evidence
-        .operations
-        .iter()
-        .map(|op| (op, false))
-        .chain(evidence.final_reads.iter().map(|op| (op, true)));
-    for (op, is_final) in reads {
-        let Request::SetRead { key } = &op.request else {
+    let mut tally = ReadTally::default();
+    for (op, is_final) in answered_reads(evidence) {
+        let (Request::SetRead { key }, Some(Observed::Elements(elements))) =
+            (&op.request, &op.observed)
+        else {
             continue;
         };
-        let (Outcome::Ok, Some(Observed::Elements(elements))) = (op.outcome, &op.observed) else {
-            continue;
-        };
-        if is_final {
-            at_end += 1;
-        } else {
-            during += 1;
-        }
-        let what = format!(
-            "{key}: {}majority read sent at {} to node {}",
-            if is_final { "final " } else { "" },
-            secs(op.invoked_us),
-            op.node + 1
-        );
+        tally.add(is_final);
+        let what = read_label(key, op, is_final);
         let since = memory_since(key, op.invoked_us, evidence.memory_losses_us);
         let missing: Vec<u64> = acknowledged
             .get(key.as_str())
@@ -749,13 +721,58 @@ fn sets(evidence: &Evidence) -> CheckResult {
     CheckResult::new(
         "sets",
         format!(
-            "{} keys, {ok} adds acknowledged; {during} majority reads during the soak and \
-             {at_end} at the end{}",
+            "{} keys, {ok} adds acknowledged; {tally}{}",
             adds.len(),
             memory_losses_note(evidence.memory_losses_us)
         ),
         anomalies,
     )
+}
+
+/// The answered reads, those of the soak then the final ones, with whether each is final.
+fn answered_reads<'a>(evidence: &Evidence<'a>) -> impl Iterator<Item = (&'a Operation, bool)> {
+    let during = evidence.operations.iter().map(|op| (op, false));
+    let at_end = evidence.final_reads.iter().map(|op| (op, true));
+    during
+        .chain(at_end)
+        .filter(|(op, _)| op.outcome == Outcome::Ok)
+}
+
+/// How a read is named in an anomaly.
+fn read_label(key: &str, op: &Operation, is_final: bool) -> String {
+    format!(
+        "{key}: {}majority read sent at {} to node {}",
+        if is_final { "final " } else { "" },
+        secs(op.invoked_us),
+        op.node + 1
+    )
+}
+
+/// How many reads a check looked at, during the soak and at its end.
+#[derive(Default)]
+struct ReadTally {
+    during: usize,
+    at_end: usize,
+}
+
+impl ReadTally {
+    fn add(&mut self, is_final: bool) {
+        if is_final {
+            self.at_end += 1;
+        } else {
+            self.during += 1;
+        }
+    }
+}
+
+impl std::fmt::Display for ReadTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} majority reads during the soak and {} at the end",
+            self.during, self.at_end
+        )
+    }
 }
 
 fn list(elements: &[u64]) -> String {
