@@ -313,7 +313,9 @@ impl ClusterCore {
             .filter(|m| m.status != MemberStatus::Removed)
             .map(|m| m.unique_address.clone())
             .collect();
-        let unreachable = gossip.reachability.all_unreachable();
+        // As for gossip: a Down or Exiting observer's verdicts do not make us watch extra
+        // nodes.
+        let unreachable = gossip.unreachable_excluding_downed_observers();
         if self.ring_source.0 != nodes || self.ring_source.1 != unreachable {
             self.heartbeat.set_members(nodes.clone(), &unreachable, now);
             self.ring_source = (nodes, unreachable);

@@ -709,7 +709,8 @@ impl Membership {
     // --- leader actions ----------------------------------------------------------------
 
     fn leader_actions_on_convergence(&mut self, now: Instant) {
-        let unreachable = self.latest.reachability.all_unreachable();
+        // An Exiting member is removed early only if an observer that counts lost it.
+        let unreachable = self.latest.unreachable_excluding_downed_observers();
         let to_remove: BTreeSet<UniqueAddress> = self
             .latest
             .members
