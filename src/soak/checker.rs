@@ -626,9 +626,15 @@ fn counters(evidence: &Evidence) -> CheckResult {
                     _ => None,
                 })
                 .collect();
-            let (ack, sent) = timelines
-                .get(key)
-                .map_or((0, 0), |(a, s)| (a.before(u64::MAX), s.before(u64::MAX)));
+            // The bounds the final reads are held to: for a memory-only key, only what was
+            // acknowledged after its last loss.
+            let since = memory_since(key, u64::MAX, evidence.memory_losses_us);
+            let (ack, sent) = timelines.get(key).map_or((0, 0), |(a, s)| {
+                (
+                    a.before(u64::MAX).saturating_sub(a.before(since)),
+                    s.before(u64::MAX),
+                )
+            });
             format!("{key} {read:?} in [{ack}, {sent}]")
         })
         .collect();
