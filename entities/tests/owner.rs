@@ -395,6 +395,11 @@ async fn hosts_sharing_a_node_budget_evict_within_it() {
     // The first host at the limit evicts its own least recently used entity.
     assert_eq!(first.ask("d", TallyCommand::Add(1)).await, Ok(1));
     assert_eq!(first.stats().entities_evicted, 1);
+    // The evicted entity stops on its own task, after the eviction was counted.
+    eventually("the evicted entity stopped", || {
+        first.stats().live_entities == 3
+    })
+    .await;
     assert_eq!(live_ids(&first).await.len(), 3);
     // The second host, with nothing running, is not locked out: one over the limit.
     assert_eq!(second.ask("x", TallyCommand::Add(2)).await, Ok(2));
