@@ -64,6 +64,9 @@ impl Shared {
     }
 }
 
+/// Hash buckets of the events' memtable (a pointer each, per memtable).
+const EVENTS_MEMTABLE_BUCKETS: usize = 65_536;
+
 /// Memtable size of the metadata and tag-index column families.
 const METADATA_WRITE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 
@@ -75,6 +78,9 @@ pub fn rocksdb_options(config: &JournalConfig) -> (Options, Vec<ColumnFamilyDesc
     db.create_missing_column_families(true);
     db.set_max_background_jobs(2);
     db.set_bytes_per_sync(1024 * 1024);
+    // The hash memtable of the events takes no concurrent inserts; one writer thread writes
+    // anyway.
+    db.set_allow_concurrent_memtable_write(false);
     // A torn last WAL record after a crash is the write that was never acknowledged; recovery
     // stops there and keeps everything before it.
     db.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
@@ -95,6 +101,16 @@ pub fn rocksdb_options(config: &JournalConfig) -> (Options, Vec<ColumnFamilyDesc
     events.set_compression_type(rocksdb::DBCompressionType::Lz4);
     events.set_prefix_extractor(SliceTransform::create_fixed_prefix(8));
     events.set_memtable_prefix_bloom_ratio(0.1);
+    // Every read of the events is within one log (a prefix), so the memtable can keep a small
+    // skip list per log in a hash table: an append then searches its own log's entries
+    // rather than every log's (the shared skip list's search was a tenth of the replicated
+    // journal's CPU with 256 logs appending). Iterators seek within a log and stop at its
+    // bound, as they do now.
+    events.set_memtable_factory(rocksdb::MemtableFactory::HashSkipList {
+        bucket_count: EVENTS_MEMTABLE_BUCKETS,
+        height: 12,
+        branching_factor: 4,
+    });
     events.set_block_based_table_factory(&table);
 
     // The metadata (log numbers and states, tag numbers, the tag index) has a cache of its
