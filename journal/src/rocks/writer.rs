@@ -356,6 +356,14 @@ impl Writer {
                 self.physical_deletion_step();
             }
         }
+        // The journal was dropped without `close`: stop the compactor as `finish` does, so
+        // that no thread of the journal keeps the database open after its writer ended (a
+        // process exiting under a running compaction can abort in RocksDB's teardown).
+        let compactor = self.compactor.take();
+        drop(self);
+        if let Some(compactor) = compactor {
+            let _ = compactor.join();
+        }
     }
 
     /// Gathers a group: everything queued, and — when the previous group was larger than
