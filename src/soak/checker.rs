@@ -600,13 +600,13 @@ fn counters(evidence: &Evidence) -> CheckResult {
             continue;
         };
         tally.add(is_final);
-        let since = memory_since(key, op.invoked_us, evidence.memory_losses_us);
-        let (low, high) = timelines.get(key.as_str()).map_or((0, 0), |(ack, sent)| {
-            (
-                ack.before(op.invoked_us).saturating_sub(ack.before(since)),
-                sent.before(op.completed_us),
-            )
-        });
+        let (low, high) = count_bounds(
+            &timelines,
+            key,
+            op.invoked_us,
+            op.completed_us,
+            evidence.memory_losses_us,
+        );
         if *value < 0 || (*value as u64) < low || (*value as u64) > high {
             anomalies.push(format!(
                 "{} answered {value}, outside [{low}, {high}] (increments acknowledged before \
@@ -626,15 +626,14 @@ fn counters(evidence: &Evidence) -> CheckResult {
                     _ => None,
                 })
                 .collect();
-            // The bounds the final reads are held to: for a memory-only key, only what was
-            // acknowledged after its last loss.
-            let since = memory_since(key, u64::MAX, evidence.memory_losses_us);
-            let (ack, sent) = timelines.get(key).map_or((0, 0), |(a, s)| {
-                (
-                    a.before(u64::MAX).saturating_sub(a.before(since)),
-                    s.before(u64::MAX),
-                )
-            });
+            // The bounds the final reads are held to.
+            let (ack, sent) = count_bounds(
+                &timelines,
+                key,
+                u64::MAX,
+                u64::MAX,
+                evidence.memory_losses_us,
+            );
             format!("{key} {read:?} in [{ack}, {sent}]")
         })
         .collect();
@@ -647,6 +646,25 @@ fn counters(evidence: &Evidence) -> CheckResult {
         ),
         anomalies,
     )
+}
+
+/// The bounds of a counter read invoked at `invoked_us` and answered at `completed_us`: the
+/// increments acknowledged before it was sent (for a memory-only key, only those after its
+/// last loss), and all those sent before it was answered.
+fn count_bounds(
+    timelines: &BTreeMap<&str, (Timeline, Timeline)>,
+    key: &str,
+    invoked_us: u64,
+    completed_us: u64,
+    memory_losses_us: &[u64],
+) -> (u64, u64) {
+    let since = memory_since(key, invoked_us, memory_losses_us);
+    timelines.get(key).map_or((0, 0), |(ack, sent)| {
+        (
+            ack.before(invoked_us).saturating_sub(ack.before(since)),
+            sent.before(completed_us),
+        )
+    })
 }
 
 /// One set add: (invoked, completed, outcome).

@@ -356,14 +356,10 @@ impl Writer {
                 self.physical_deletion_step();
             }
         }
-        // The journal was dropped without `close`: stop the compactor as `finish` does, so
-        // that no thread of the journal keeps the database open after its writer ended (a
-        // process exiting under a running compaction can abort in RocksDB's teardown).
-        let compactor = self.compactor.take();
-        drop(self);
-        if let Some(compactor) = compactor {
-            let _ = compactor.join();
-        }
+        // The journal was dropped without `close`: no thread of the journal may keep the
+        // database open after its writer ended (a process exiting under a running compaction
+        // can abort in RocksDB's teardown).
+        self.stop();
     }
 
     /// Gathers a group: everything queued, and — when the previous group was larger than
@@ -412,14 +408,19 @@ impl Writer {
         while !self.deletions.is_empty() {
             self.physical_deletion_step();
         }
+        self.stop();
+        let _ = reply.send(());
+    }
+
+    /// Drops the writer and waits for the compactor: dropping the writer drops the
+    /// compaction queue's sender, which ends the compactor after the compaction it may be
+    /// running.
+    fn stop(mut self) {
         let compactor = self.compactor.take();
-        // Dropping the writer drops the compaction queue's sender, which ends the compactor
-        // after the compaction it may be running.
         drop(self);
         if let Some(compactor) = compactor {
             let _ = compactor.join();
         }
-        let _ = reply.send(());
     }
 
     fn new_staged(&self) -> Staged {
