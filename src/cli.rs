@@ -707,6 +707,7 @@ mod tests {
             format!("[default: {}]", d.snapshot_every),
             format!("[default: {}]", dur(d.passivate_after)),
             format!("[default: {}]", dur(d.entity_ask_timeout)),
+            format!("[default: {}]", dur(d.journal_read_lease)),
             format!("[default: {}]", d.state_store_mode),
             format!("[default: {}]", d.remember_entities),
             format!("[default: {}]", d.number_of_shards),

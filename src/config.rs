@@ -151,6 +151,10 @@ pub struct NodeConfig {
     pub journal_replication_factor: u32,
     /// Replicas that must hold an event before it is acknowledged (W, more than N/2).
     pub journal_write_quorum: u32,
+    /// The read lease a log's writer asks W replicas for when it confirms a read: within
+    /// it, further reads are confirmed without a round to the replicas (0: every read takes
+    /// one). At most [`tessera_replication::replica::MAX_READ_LEASE`].
+    pub journal_read_lease: Duration,
     /// Where each entity type's shard coordinator keeps its state.
     pub state_store_mode: StateStoreMode,
     /// Whether and where shards remember their entities, to restart them wherever the shard
@@ -278,6 +282,7 @@ impl Default for NodeConfig {
             // blocking anything.
             journal_replication_factor: 3,
             journal_write_quorum: 2,
+            journal_read_lease: tessera_replication::replica::MAX_READ_LEASE,
             // Akka's defaults for cluster sharding.
             state_store_mode: StateStoreMode::Ddata,
             remember_entities: RememberEntities::Off,
@@ -773,6 +778,10 @@ pub struct ConfigLayer {
     /// factor [default: 2]
     #[arg(long, value_name = "W")]
     pub journal_write_quorum: Option<Scalar>,
+    /// Read lease a log's writer takes from its replicas to confirm reads without a round
+    /// trip, 0s..=2s (0s: none) [default: 2s]
+    #[arg(long, value_name = "DURATION")]
+    pub journal_read_lease: Option<Scalar>,
     /// Where shard coordinators keep their state: ddata or persistence [default: ddata]
     #[arg(long, value_name = "MODE")]
     pub state_store_mode: Option<String>,
@@ -1300,6 +1309,12 @@ impl NodeConfig {
                 |k, v| parse_int(k, v, 1, MAX_REPLICATION_FACTOR).map(|n| n as u32),
             )?
             .unwrap_or(d.journal_write_quorum),
+            journal_read_lease: opt(
+                layer.journal_read_lease,
+                "journal_read_lease",
+                parse_read_lease,
+            )?
+            .unwrap_or(d.journal_read_lease),
             state_store_mode: match layer.state_store_mode {
                 Some(mode) => StateStoreMode::from_name(mode.trim())
                     .ok_or_else(|| invalid("state_store_mode", &mode, "ddata or persistence"))?,
@@ -1720,6 +1735,21 @@ fn parse_duration(key: &'static str, value: &Scalar) -> Result<Duration, ConfigE
             key,
             value: value.to_string(),
             allowed: "at most a year (365d)".into(),
+        });
+    }
+    Ok(d)
+}
+
+/// A read lease: replicas grant at most `MAX_READ_LEASE` (and a restarted replica waits that
+/// long), so a writer must not count on more.
+fn parse_read_lease(key: &'static str, value: &Scalar) -> Result<Duration, ConfigError> {
+    let d = parse_duration(key, value)?;
+    let max = tessera_replication::replica::MAX_READ_LEASE;
+    if d > max {
+        return Err(ConfigError::OutOfRange {
+            key,
+            value: value.to_string(),
+            allowed: format!("at most {}", humantime::format_duration(max)),
         });
     }
     Ok(d)
@@ -2224,6 +2254,26 @@ mod tests {
             "gossip_interval = 0s: must be greater than zero"
         );
         assert!(from(&[("heartbeat_interval", "0ms")]).is_err());
+    }
+
+    #[test]
+    fn the_journal_read_lease_is_at_most_what_replicas_grant() {
+        assert_eq!(
+            from(&[("journal_read_lease", "500ms")])
+                .unwrap()
+                .journal_read_lease,
+            Duration::from_millis(500)
+        );
+        assert!(
+            from(&[("journal_read_lease", "0s")])
+                .unwrap()
+                .journal_read_lease
+                .is_zero()
+        );
+        assert_eq!(
+            error(&[("journal_read_lease", "3s")]),
+            "journal_read_lease = 3s: must be at most 2s"
+        );
     }
 
     #[test]

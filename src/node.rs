@@ -370,6 +370,8 @@ pub fn persistence_settings(config: &NodeConfig) -> Result<PersistenceSettings, 
     settings.writers.writer.request_timeout = (ask / 3).min(Duration::from_secs(2));
     settings.writers.writer.operation_timeout = ask * 3 / 4;
     settings.writers.writer.recovery_timeout = ask * 3 / 4;
+    // A node taking a log over may wait a whole lease before its recovery can finish.
+    settings.writers.writer.read_lease = config.journal_read_lease.min(ask / 3);
     // A write must fit a transport frame, with room for the message around it.
     settings.max_write_bytes = (config.max_frame_size / 2).max(1024);
     Ok(settings)

@@ -43,6 +43,12 @@ pub struct JournalConfig {
     pub metadata_cache_bytes: usize,
     /// Size of each RocksDB memtable.
     pub write_buffer_bytes: usize,
+    /// How long after opening the replica store promises no new writer of a log it holds:
+    /// the read leases it granted before it was opened are forgotten, and a writer in
+    /// another process may still count on one. At least the longest read lease writers ask
+    /// for ([`tessera_replication::replica::MAX_READ_LEASE`], the default); zero only for a
+    /// store whose logs no other process ever wrote (tests).
+    pub replica_restart_wait: Duration,
 }
 
 impl JournalConfig {
@@ -61,6 +67,7 @@ impl JournalConfig {
             block_cache_bytes: 64 * 1024 * 1024,
             metadata_cache_bytes: 8 * 1024 * 1024,
             write_buffer_bytes: 64 * 1024 * 1024,
+            replica_restart_wait: tessera_replication::replica::MAX_READ_LEASE,
         }
     }
 

@@ -39,9 +39,12 @@ fn epoch(counter: u64) -> Epoch {
     }
 }
 
+/// The store, reopened as the model log (which grants no leases) would be: no other process
+/// writes its logs, so it needs no restart wait.
 async fn open(dir: &std::path::Path) -> RocksJournal {
     let mut config = JournalConfig::new(dir);
     config.fsync = FsyncPolicy::Never;
+    config.replica_restart_wait = std::time::Duration::ZERO;
     RocksJournal::open(config).await.unwrap()
 }
 
@@ -442,5 +445,115 @@ async fn a_log_written_before_replication_reads_as_acknowledged_entries_of_epoch
         .collect()
         .await;
     assert_eq!(replayed, vec![1, 2, 3]);
+    journal.close().await;
+}
+
+/// A confirmation grants a read lease: another writer's prepare is held off until it ends,
+/// and contesting it stops the lease from being extended; the lease holder's own next epoch
+/// is not held off. A reopened store has forgotten its leases, so it holds off other writers
+/// of the logs it holds for its restart wait, and promises a log it does not hold at once.
+#[tokio::test]
+async fn read_leases_hold_off_other_writers_also_across_a_reopen() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let restart_wait = Duration::from_millis(700);
+    let open_waiting = |dir: std::path::PathBuf| async move {
+        let mut config = JournalConfig::new(dir);
+        config.fsync = FsyncPolicy::Never;
+        config.replica_restart_wait = restart_wait;
+        RocksJournal::open(config).await.unwrap()
+    };
+    let journal = open_waiting(dir.path().to_path_buf()).await;
+    let first = epoch(1);
+    let apply = |journal: &RocksJournal, log: &str, request| {
+        let answer = journal.replica_apply(log, request);
+        async move { answer.await.unwrap() }
+    };
+    // A store that held nothing promises at once.
+    let promised = apply(&journal, LOG, Request::Prepare { epoch: first }).await;
+    assert!(
+        matches!(promised, Response::Promised { .. }),
+        "{promised:?}"
+    );
+    let appended = apply(
+        &journal,
+        LOG,
+        Request::Append {
+            epoch: first,
+            prev: Position::START,
+            entries: vec![Entry {
+                seq: 1,
+                epoch: first,
+                payload: event(1, false),
+            }],
+            lac: 0,
+            config: Some(config()),
+        },
+    )
+    .await;
+    assert!(
+        matches!(appended, Response::Appended { .. }),
+        "{appended:?}"
+    );
+    let confirm = Request::Confirm {
+        epoch: first,
+        prev: Position::new(1, first),
+        lac: 1,
+        config: None,
+        lease_ms: 60_000,
+    };
+    match apply(&journal, LOG, confirm.clone()).await {
+        Response::Confirmed { lease_ms, summary } => {
+            // Capped at what any replica grants.
+            assert_eq!(
+                u128::from(lease_ms),
+                tessera_replication::replica::MAX_READ_LEASE.as_millis()
+            );
+            assert_eq!(summary.lac, 1);
+        }
+        other => panic!("a confirmation answered {other:?}"),
+    }
+    // Another writer waits for the lease; the holder's next confirmation is still taken,
+    // without a lease, once another writer waits.
+    match apply(&journal, LOG, Request::Prepare { epoch: epoch(2) }).await {
+        Response::Leased { remaining_ms } => assert!(remaining_ms > 0),
+        other => panic!("a prepare during a lease answered {other:?}"),
+    }
+    match apply(&journal, LOG, confirm).await {
+        Response::Confirmed { lease_ms, .. } => assert_eq!(lease_ms, 0),
+        other => panic!("a contested confirmation answered {other:?}"),
+    }
+    // The holder's own next epoch is promised: it gave up its lease by moving on.
+    let own_next = Epoch {
+        counter: 2,
+        writer: first.writer,
+    };
+    let promised = apply(&journal, LOG, Request::Prepare { epoch: own_next }).await;
+    assert!(
+        matches!(promised, Response::Promised { .. }),
+        "{promised:?}"
+    );
+    journal.close().await;
+
+    let journal = open_waiting(dir.path().to_path_buf()).await;
+    match apply(&journal, LOG, Request::Prepare { epoch: epoch(3) }).await {
+        Response::Leased { remaining_ms } => {
+            assert!(u128::from(remaining_ms) <= restart_wait.as_millis())
+        }
+        other => panic!("a prepare just after a reopen answered {other:?}"),
+    }
+    let unknown = apply(
+        &journal,
+        "account|new",
+        Request::Prepare { epoch: epoch(3) },
+    )
+    .await;
+    assert!(matches!(unknown, Response::Promised { .. }), "{unknown:?}");
+    tokio::time::sleep(restart_wait).await;
+    let promised = apply(&journal, LOG, Request::Prepare { epoch: epoch(3) }).await;
+    assert!(
+        matches!(promised, Response::Promised { .. }),
+        "{promised:?}"
+    );
     journal.close().await;
 }

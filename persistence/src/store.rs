@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tessera_journal::StoredEvent;
 use tessera_journal::{Journal, JournalError, JournalStream, PersistentRepr, RocksJournal};
 use tessera_replication::memory::{MemoryLog, ReadLimits};
-use tessera_replication::replica::Rules;
+use tessera_replication::replica::{Leases, Rules};
 use tessera_replication::{ConfigAt, Request, Response};
 
 /// A store failed; nothing is known of the request's effect.
@@ -120,10 +120,12 @@ pub struct MemoryReplicaStore {
     storage_id: u64,
     rules: Rules,
     limits: ReadLimits,
-    logs: Mutex<BTreeMap<String, MemoryLog<StoredEvent>>>,
+    /// The logs and the read leases granted on them, decided under one lock.
+    logs: Mutex<(BTreeMap<String, MemoryLog<StoredEvent>>, Leases)>,
 }
 
 impl MemoryReplicaStore {
+    /// A store that starts empty (it waits for no leases of an earlier run).
     pub fn new(storage_id: u64) -> Arc<Self> {
         Arc::new(MemoryReplicaStore {
             storage_id,
@@ -132,18 +134,22 @@ impl MemoryReplicaStore {
                 max_tail_entries: 1_000,
                 max_bytes: 1024 * 1024,
             },
-            logs: Mutex::new(BTreeMap::new()),
+            logs: Mutex::new((
+                BTreeMap::new(),
+                Leases::new(std::time::Instant::now(), std::time::Duration::ZERO),
+            )),
         })
     }
 
     /// What this store keeps of a log besides its entries (for tests).
     pub fn meta(&self, log: &str) -> Option<tessera_replication::replica::LogMeta> {
-        lock(&self.logs).get(log).and_then(|l| l.meta.clone())
+        lock(&self.logs).0.get(log).and_then(|l| l.meta.clone())
     }
 
     /// The entries a log holds here, as `(seq, payload)` (for tests).
     pub fn entries(&self, log: &str) -> Vec<(u64, StoredEvent)> {
         lock(&self.logs)
+            .0
             .get(log)
             .map(|l| {
                 l.entries
@@ -165,15 +171,21 @@ impl ReplicaStore for MemoryReplicaStore {
         log: &str,
         request: Request<StoredEvent>,
     ) -> BoxFuture<'static, Result<Response<StoredEvent>, StoreError>> {
-        let mut logs = lock(&self.logs);
+        let mut guard = lock(&self.logs);
+        let (logs, leases) = &mut *guard;
         let response = if matches!(request, Request::Locate | Request::Read { .. })
             && !logs.contains_key(log)
         {
             MemoryLog::default().handle(&self.rules, request, self.limits)
         } else {
-            logs.entry(log.to_string())
-                .or_default()
-                .handle(&self.rules, request, self.limits)
+            logs.entry(log.to_string()).or_default().handle_leased(
+                &self.rules,
+                request,
+                self.limits,
+                leases,
+                log,
+                std::time::Instant::now(),
+            )
         };
         let response = match response {
             Response::Located { summary, .. } => Response::Located {
@@ -187,6 +199,7 @@ impl ReplicaStore for MemoryReplicaStore {
 
     fn replay(&self, log: &str, from: u64, to: u64, max: u64) -> JournalStream<PersistentRepr> {
         let events: Vec<Result<PersistentRepr, JournalError>> = lock(&self.logs)
+            .0
             .get(log)
             .map(|l| {
                 l.entries
@@ -204,7 +217,8 @@ impl ReplicaStore for MemoryReplicaStore {
         after: Option<String>,
         limit: usize,
     ) -> BoxFuture<'static, Result<Vec<(String, ConfigAt)>, StoreError>> {
-        let logs = lock(&self.logs);
+        let guard = lock(&self.logs);
+        let logs = &guard.0;
         let range = match &after {
             Some(after) => logs
                 .range::<String, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),

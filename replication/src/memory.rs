@@ -3,8 +3,9 @@
 
 use crate::epoch::Epoch;
 use crate::message::{Entry, LogSummary, Payload, Request, Response};
-use crate::replica::{Decision, EntryEpochs, LogMeta, Mutation, Reply, Rules};
+use crate::replica::{Decision, EntryEpochs, Leases, LogMeta, Mutation, Reply, Rules};
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 /// Bounds on what one answer carries.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +96,7 @@ impl<P: Payload> MemoryLog<P> {
         limits: ReadLimits,
     ) -> Response<P> {
         let meta = self.meta.clone();
+        let confirm = matches!(request, Request::Confirm { .. });
         let decision = match request {
             Request::Locate => {
                 return Response::Located {
@@ -144,6 +146,13 @@ impl<P: Payload> MemoryLog<P> {
                 config,
             } => rules.install(meta.as_ref(), epoch, base, config),
             Request::DeleteTo { epoch, to } => rules.delete_to(meta.as_ref(), self, epoch, to),
+            Request::Confirm {
+                epoch,
+                prev,
+                lac,
+                config,
+                lease_ms: _,
+            } => rules.append(meta.as_ref(), self, epoch, prev, Vec::new(), lac, config),
         };
         let reply = self.apply(decision);
         let summary = self
@@ -164,6 +173,10 @@ impl<P: Payload> MemoryLog<P> {
                     tail_complete,
                 }
             }
+            Reply::Appended if confirm => Response::Confirmed {
+                summary,
+                lease_ms: 0,
+            },
             Reply::Appended => Response::Appended { summary },
             Reply::Sealed => Response::Sealed { summary },
             Reply::Installed => Response::Installed { summary },
@@ -171,8 +184,60 @@ impl<P: Payload> MemoryLog<P> {
             Reply::Fenced(promise) => Response::Fenced { promise },
             Reply::Mismatch => Response::Mismatch { summary },
             Reply::Invalid(reason) => Response::Invalid { reason },
+            Reply::Leased(remaining) => Response::Leased {
+                remaining_ms: remaining_ms(remaining),
+            },
+            Reply::Confirmed(lease) => Response::Confirmed {
+                summary,
+                lease_ms: lease_ms(lease),
+            },
         }
     }
+
+    /// Answers one request as [`MemoryLog::handle`] does, under the replica's read leases:
+    /// a prepare waits for a running lease, and a confirmation it takes grants one.
+    pub fn handle_leased(
+        &mut self,
+        rules: &Rules,
+        request: Request<P>,
+        limits: ReadLimits,
+        leases: &mut Leases,
+        log: &str,
+        now: Instant,
+    ) -> Response<P> {
+        if let Request::Prepare { epoch } = &request
+            && let Some(Reply::Leased(remaining)) =
+                rules.held_off(leases, log, self.meta.as_ref(), *epoch, now)
+        {
+            return Response::Leased {
+                remaining_ms: remaining_ms(remaining),
+            };
+        }
+        let grant = match &request {
+            Request::Confirm {
+                epoch, lease_ms, ..
+            } => Some((*epoch, Duration::from_millis(*lease_ms))),
+            _ => None,
+        };
+        let mut response = self.handle(rules, request, limits);
+        if let (Some((epoch, lease)), Response::Confirmed { lease_ms, .. }) = (grant, &mut response)
+        {
+            *lease_ms = self::lease_ms(leases.grant(log, epoch, lease, now));
+        }
+        response
+    }
+}
+
+/// A lease granted, in whole milliseconds, rounded down (a replica never says it granted
+/// more than it did).
+pub fn lease_ms(lease: Duration) -> u64 {
+    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A wait in whole milliseconds, rounded up (a replica never says "0 ms more" of a wait).
+pub fn remaining_ms(remaining: Duration) -> u64 {
+    let ms = remaining.as_micros().div_ceil(1_000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -116,6 +116,18 @@ pub enum Request<P> {
     },
     /// Delete entries up to `to` (at most up to what you know to be acknowledged).
     DeleteTo { epoch: Epoch, to: u64 },
+    /// An empty `Append` of the writer's mark (its log ends at `prev`) that also asks for a
+    /// read lease of `lease_ms` (capped at [`crate::replica::MAX_READ_LEASE`]): once the
+    /// replica answered `Appended`, it promises no other writer an epoch above `epoch` for
+    /// that long, so the writer may confirm reads from memory within its own, shorter, view
+    /// of the lease (see [`crate::replica::Leases`]).
+    Confirm {
+        epoch: Epoch,
+        prev: Position,
+        lac: u64,
+        config: Option<Configuration>,
+        lease_ms: u64,
+    },
 }
 
 impl<P> Request<P> {
@@ -128,6 +140,7 @@ impl<P> Request<P> {
             Request::Read { .. } => "Read",
             Request::Install { .. } => "Install",
             Request::DeleteTo { .. } => "DeleteTo",
+            Request::Confirm { .. } => "Confirm",
         }
     }
 }
@@ -169,6 +182,14 @@ pub enum Response<P> {
     Mismatch { summary: LogSummary },
     /// The request was malformed (a gap in its entries, a seal beyond the log).
     Invalid { reason: String },
+    /// To `Confirm`: the mark is taken, as `Appended` says; the replica also granted a read
+    /// lease of `lease_ms` from when it took it (0: none, as when another writer already
+    /// waits for the log).
+    Confirmed { summary: LogSummary, lease_ms: u64 },
+    /// To `Prepare`: not yet. This replica leased the log to its current writer for reads
+    /// (or restarted less than a lease ago and so cannot know it did not): it promises
+    /// another writer nothing for `remaining_ms` more. Ask again then.
+    Leased { remaining_ms: u64 },
 }
 
 impl<P> Response<P> {
@@ -184,6 +205,8 @@ impl<P> Response<P> {
             Response::Fenced { .. } => "Fenced",
             Response::Mismatch { .. } => "Mismatch",
             Response::Invalid { .. } => "Invalid",
+            Response::Leased { .. } => "Leased",
+            Response::Confirmed { .. } => "Confirmed",
         }
     }
 }

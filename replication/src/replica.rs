@@ -14,11 +14,191 @@
 //!
 //! The caller persists the decision's meta and mutations in one synced write before it
 //! answers. The RocksDB replica store and the simulation's in-memory store both apply them.
+//!
+//! Read leases ([`Leases`]) add a fifth rule, which only delays promises and so cannot break
+//! the four above: while a lease a replica granted to the writer of epoch `e` runs, it
+//! promises no other writer instance an epoch above `e`; a replica that restarted, having
+//! forgotten its leases, promises no other writer of a log it holds anything until
+//! [`MAX_READ_LEASE`] after it started. A writer whose confirmation round was acknowledged
+//! by W replicas therefore knows that no other writer can finish a recovery (which needs
+//! promises from a quorum meeting every W) until that lease ends, and may confirm reads from
+//! memory until then. That, unlike everything else here, assumes the two processes' monotonic
+//! clocks advance at rates within [`LEASE_DRIFT_DIVISOR`]'s margin of each other.
 
 use crate::configuration::Configuration;
 use crate::epoch::{Epoch, Position};
 use crate::message::{ConfigAt, Entry, LogSummary};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// The longest read lease a replica grants (longer requests are cut to it), and so how long a
+/// restarted replica holds off promising a new writer of a log it holds.
+pub const MAX_READ_LEASE: Duration = Duration::from_secs(2);
+
+/// A writer counts its lease as ending a `1/LEASE_DRIFT_DIVISOR` part before the replicas do,
+/// from the moment it sent the confirmation round (which every replica received later): the
+/// margin for monotonic clocks running at different rates.
+pub const LEASE_DRIFT_DIVISOR: u32 = 10;
+
+/// How long a writer may count on a lease of `requested` (as the replicas cap it), from when
+/// it sent the request.
+pub fn writer_lease(requested: Duration) -> Duration {
+    let granted = requested.min(MAX_READ_LEASE);
+    granted - granted / LEASE_DRIFT_DIVISOR
+}
+
+/// One read lease a replica granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The writer's epoch.
+    pub epoch: Epoch,
+    pub until: Instant,
+    /// A writer of this epoch waits for the log, until then: no writer of a lower epoch is
+    /// granted a lease meanwhile, so writers that keep reading (or take the log from each
+    /// other) cannot keep it from the waiting one for ever.
+    pub contest: Option<(Epoch, Instant)>,
+}
+
+impl Lease {
+    fn contested_above(&self, epoch: Epoch, now: Instant) -> bool {
+        self.contest
+            .is_some_and(|(contender, until)| now < until && epoch < contender)
+    }
+
+    fn contest(&mut self, by: Epoch, now: Instant) {
+        let contender = match self.contest {
+            Some((earlier, until)) if now < until => earlier.max(by),
+            _ => by,
+        };
+        self.contest = Some((contender, now + 2 * MAX_READ_LEASE));
+    }
+}
+
+/// The read leases a replica granted, per log, in memory only (a grant writes nothing).
+#[derive(Clone, Debug)]
+pub struct Leases {
+    granted: HashMap<String, Lease>,
+    /// Until then the replica promises no writer of a log it holds an epoch above the log's
+    /// promise, unless it comes from that promise's own writer instance: before it started,
+    /// it may have granted leases it no longer knows.
+    restart_wait_until: Instant,
+    /// Expired leases are dropped when the map grows to this many.
+    prune_at: usize,
+}
+
+/// Leases kept before expired ones are dropped.
+const MIN_PRUNE_AT: usize = 1_024;
+
+impl Leases {
+    /// The leases of a replica that starts at `started`, after `restart_wait` (at least
+    /// [`MAX_READ_LEASE`] when a writer in another process may have held a lease from this
+    /// replica's previous run; zero only for a store no other process ever served).
+    pub fn new(started: Instant, restart_wait: Duration) -> Self {
+        Leases {
+            granted: HashMap::new(),
+            restart_wait_until: started + restart_wait,
+            prune_at: MIN_PRUNE_AT,
+        }
+    }
+
+    /// How much longer a `Prepare(epoch)` of `log`, whose promise here is `promise`, must
+    /// wait, if it must. A prepare held off contests the log: for two lease lengths no writer
+    /// of a lower epoch is granted a lease on it, so the waiting writer gets it once the
+    /// running lease (or the restart wait) ends.
+    pub fn holds_off(
+        &mut self,
+        log: &str,
+        promise: Option<Epoch>,
+        epoch: Epoch,
+        now: Instant,
+    ) -> Option<Duration> {
+        if let Some(lease) = self.granted.get_mut(log)
+            && now < lease.until
+            && epoch > lease.epoch
+            && epoch.writer != lease.epoch.writer
+        {
+            lease.contest(epoch, now);
+            return Some(lease.until - now);
+        }
+        match promise {
+            Some(promise)
+                if now < self.restart_wait_until
+                    && promise > Epoch::ZERO
+                    && epoch > promise
+                    && epoch.writer != promise.writer =>
+            {
+                // Also against leases granted during the wait, which would outlast it.
+                self.granted
+                    .entry(log.to_string())
+                    .or_insert(Lease {
+                        epoch: promise,
+                        until: now,
+                        contest: None,
+                    })
+                    .contest(epoch, now);
+                Some(self.restart_wait_until - now)
+            }
+            _ => None,
+        }
+    }
+
+    /// Grants a lease of `requested` (capped at [`MAX_READ_LEASE`]) to the writer of
+    /// `epoch`, whose confirmation this replica just took, unless a writer of a higher epoch
+    /// contests the log. Returns the length granted (zero: none).
+    pub fn grant(
+        &mut self,
+        log: &str,
+        epoch: Epoch,
+        requested: Duration,
+        now: Instant,
+    ) -> Duration {
+        let length = requested.min(MAX_READ_LEASE);
+        if length.is_zero() {
+            return Duration::ZERO;
+        }
+        let until = now + length;
+        match self.granted.get_mut(log) {
+            Some(lease) if lease.contested_above(epoch, now) => return Duration::ZERO,
+            Some(lease) if lease.epoch == epoch => {
+                lease.until = lease.until.max(until);
+                lease.contest = None;
+            }
+            Some(lease) => {
+                *lease = Lease {
+                    epoch,
+                    until,
+                    contest: None,
+                }
+            }
+            None => {
+                if self.granted.len() >= self.prune_at {
+                    self.granted.retain(|_, lease| {
+                        lease.until > now || lease.contest.is_some_and(|(_, c)| c > now)
+                    });
+                    self.prune_at = (self.granted.len() * 2).max(MIN_PRUNE_AT);
+                }
+                self.granted.insert(
+                    log.to_string(),
+                    Lease {
+                        epoch,
+                        until,
+                        contest: None,
+                    },
+                );
+            }
+        }
+        length
+    }
+
+    /// The lease granted on `log`, if one runs at `now`.
+    pub fn running(&self, log: &str, now: Instant) -> Option<Lease> {
+        self.granted
+            .get(log)
+            .copied()
+            .filter(|lease| lease.until > now)
+    }
+}
 
 /// Everything a replica keeps of a log besides its entries; stored in one record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +297,11 @@ pub enum Reply {
     /// The request does not continue this replica's log.
     Mismatch,
     Invalid(String),
+    /// A promise that must wait this much longer for a read lease to end.
+    Leased(Duration),
+    /// A confirmation taken (as an empty append), with the read lease granted for it (zero:
+    /// none). The rules never decide this; a store answers it after [`Leases::grant`].
+    Confirmed(Duration),
 }
 
 /// What to store and what to answer.
@@ -150,6 +335,10 @@ pub struct Sabotage {
     /// Treat a repeated seal as new unless nothing was appended since: it truncates what its
     /// writer appended after it.
     pub reseal_repeats: bool,
+    /// Promise new writers whatever read leases run.
+    pub ignore_leases: bool,
+    /// Promise new writers at once after a restart, as if no lease had been granted before.
+    pub no_restart_wait: bool,
 }
 
 /// The rules, with optional sabotage (see [`Sabotage`]).
@@ -179,6 +368,29 @@ impl Rules {
             return meta.last.epoch == at.epoch;
         }
         epochs.epoch_at(at.seq) == Some(at.epoch)
+    }
+
+    /// How much longer a `Prepare(epoch)` must wait for the read leases of `leases` (see
+    /// [`Leases::holds_off`]), as a reply; `None` when it may be decided now.
+    pub fn held_off(
+        &self,
+        leases: &mut Leases,
+        log: &str,
+        meta: Option<&LogMeta>,
+        epoch: Epoch,
+        now: Instant,
+    ) -> Option<Reply> {
+        if self.sabotage.ignore_leases {
+            return None;
+        }
+        let promise = if self.sabotage.no_restart_wait {
+            None
+        } else {
+            meta.map(|m| m.promise)
+        };
+        leases
+            .holds_off(log, promise, epoch, now)
+            .map(Reply::Leased)
     }
 
     /// `Prepare(epoch)`: promise it unless a higher one was promised. A repeated prepare of
@@ -495,6 +707,8 @@ mod tests {
             accept_lower_epochs: false,
             no_fence: false,
             reseal_repeats: false,
+            ignore_leases: false,
+            no_restart_wait: false,
         },
     };
 

@@ -19,7 +19,7 @@ use crate::epoch::Epoch;
 use crate::memory::{MemoryLog, ReadLimits};
 use crate::message::{Request, Response};
 use crate::placement::Ring;
-use crate::replica::{Rules, Sabotage};
+use crate::replica::{Leases, Rules, Sabotage};
 use crate::writer::{LogWriter, Outcome, Output, Placement, RequestId, Target, WriterSettings};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -30,6 +30,11 @@ use tessera_cluster::Address;
 
 /// The simulated log's id (placement hashes it).
 pub const LOG_ID: &str = "account|sim";
+
+/// The read lease writers ask for (and so the wait of a restarted replica): long beside the
+/// network's latency, so that a writer cut off or paused confirms reads from it while others
+/// try to take the log over.
+pub const READ_LEASE: Duration = Duration::from_millis(400);
 
 /// The faults of one simulated run. Times are offsets from the start.
 #[derive(Clone, Debug, Default)]
@@ -57,6 +62,9 @@ pub struct Scenario {
     pub append_interval: Duration,
     /// Probability that a client's operation is a delete of the acknowledged prefix.
     pub delete_probability: f64,
+    /// Clients mostly read (confirm) rather than append: a writer cut off keeps reading
+    /// from its lease instead of stalling behind an append no quorum takes.
+    pub mostly_reads: bool,
     /// Deliberately broken replica rules (to show the checks catch it).
     pub sabotage: Sabotage,
     /// After healing, every serving writer must have brought every member up to its log
@@ -87,6 +95,10 @@ pub enum FaultKind {
     /// A node restarts at another address with its store: the same replica, found by its
     /// store id.
     MoveNode,
+    /// One node is cut off and, at once, every other node's replica restarts (a deployment
+    /// on the far side of a partition): they forget the read leases they granted, and the
+    /// node cut off may still be reading from one.
+    CutOffAndRestartOthers,
 }
 
 /// One observation of the log: a replay after a recovery.
@@ -200,6 +212,8 @@ struct Node {
     address: Address,
     storage_id: u64,
     log: MemoryLog<u64>,
+    /// The read leases its replica granted (in its process's memory: a restart forgets them).
+    leases: Leases,
     down: bool,
     paused_until: Option<Instant>,
     client: Client,
@@ -260,6 +274,10 @@ pub struct Stats {
     pub reconfigurations: u64,
     /// The configuration version the log ended with (summed over seeds in the tests).
     pub final_config_version: u64,
+    /// Confirmed reads answered within a read lease, without a round to the replicas.
+    pub reads_from_lease: u64,
+    /// Prepares a replica held off for a read lease (or its restart wait).
+    pub prepares_held_off: u64,
 }
 
 impl Simulation {
@@ -272,6 +290,7 @@ impl Simulation {
                 address: Address::new("10.0.0.1", 7000 + i as u16),
                 storage_id: rng.random(),
                 log: MemoryLog::default(),
+                leases: Leases::new(start, Duration::ZERO),
                 down: false,
                 paused_until: None,
                 client: Client {
@@ -299,6 +318,7 @@ impl Simulation {
             max_buffered_entries: 16,
             max_queued_operations: 8,
             max_recovery_attempts: 6,
+            read_lease: READ_LEASE,
         };
         let rules = Rules {
             sabotage: scenario.sabotage,
@@ -524,7 +544,12 @@ impl Simulation {
             Event::Heal(heal) => {
                 self.note(|| format!("HEAL {heal:?}"));
                 match heal {
-                    Heal::Replica(node) => self.nodes[node].down = false,
+                    Heal::Replica(node) => {
+                        // The replica's process restarted: it knows no lease it granted, so
+                        // it waits as long as any lease could run.
+                        self.nodes[node].down = false;
+                        self.nodes[node].leases = Leases::new(self.now, READ_LEASE);
+                    }
                     Heal::Partition => self.cut.clear(),
                     Heal::Writer(node) => self.nodes[node].client.crashed = false,
                 }
@@ -608,6 +633,19 @@ impl Simulation {
                 }
                 self.schedule(how_long * 2, Event::Heal(Heal::Partition));
             }
+            FaultKind::CutOffAndRestartOthers => {
+                let alone = pick(&mut self.rng);
+                for other in 0..self.nodes.len() {
+                    if other != alone {
+                        self.cut.insert((alone, other));
+                        self.cut.insert((other, alone));
+                        self.nodes[other].down = true;
+                        let restart = Duration::from_millis(self.rng.random_range(10..60));
+                        self.schedule(restart, Event::Heal(Heal::Replica(other)));
+                    }
+                }
+                self.schedule(how_long * 2, Event::Heal(Heal::Partition));
+            }
             FaultKind::PartitionAll => {
                 for a in 0..self.nodes.len() {
                     for b in 0..self.nodes.len() {
@@ -629,6 +667,7 @@ impl Simulation {
                 let old = self.nodes[node].address.clone();
                 self.nodes[node].address = Address::new(old.host.clone(), old.port + 1_000);
                 self.nodes[node].moved = true;
+                self.nodes[node].leases = Leases::new(self.now, READ_LEASE);
                 self.crash_client(node);
                 self.nodes[node].client.crashed = false;
                 self.rebuild_placements();
@@ -749,7 +788,8 @@ impl Simulation {
         let op = self.next_op;
         self.next_op += 1;
         let delete = self.rng.random_bool(self.scenario.delete_probability);
-        let confirm = !delete && self.rng.random_bool(0.1);
+        let read_probability = if self.scenario.mostly_reads { 0.8 } else { 0.1 };
+        let confirm = !delete && self.rng.random_bool(read_probability);
         let now = self.now;
         if confirm {
             // A read: the client's state is the log up to seq - 1.
@@ -860,6 +900,10 @@ impl Simulation {
         };
         if let Some(read) = self.confirming.remove(&op) {
             if outcome == Outcome::Acknowledged {
+                if read.started == self.now {
+                    // No round to the replicas takes no time: a read lease answered it.
+                    self.stats.reads_from_lease += 1;
+                }
                 self.reads.push(read);
             }
             return;
@@ -976,9 +1020,21 @@ impl Simulation {
                     max_tail_entries: 5,
                     max_bytes: 1 << 20,
                 };
-                let mut response = self.nodes[to].log.handle(&rules, request, limits);
+                let now = self.now;
+                let replica = &mut self.nodes[to];
+                let mut response = replica.log.handle_leased(
+                    &rules,
+                    request,
+                    limits,
+                    &mut replica.leases,
+                    LOG_ID,
+                    now,
+                );
                 if let Response::Located { storage_id: s, .. } = &mut response {
                     *s = storage_id;
+                }
+                if matches!(response, Response::Leased { .. }) {
+                    self.stats.prepares_held_off += 1;
                 }
                 self.check_promise(to);
                 Answer::Response(response)
@@ -1151,6 +1207,17 @@ impl Simulation {
             if self.replays.len() > replays_before {
                 break;
             }
+            // A writer that stopped is replaced, as a client would: a promise left above the
+            // log by a recovery that gave up fences a writer whose recovery went without it.
+            if self.nodes[node]
+                .client
+                .writer
+                .as_ref()
+                .is_none_or(|w| w.is_stopped())
+                && self.nodes[node].client.reader.is_none()
+            {
+                self.start_writer(node);
+            }
             // A read that failed (its source answered late or not at all) is tried again.
             let client = &self.nodes[node].client;
             let highest = client.writer.as_ref().and_then(|w| w.highest());
@@ -1222,6 +1289,16 @@ impl Simulation {
         while self.now < deadline {
             let next = self.now + TICK;
             self.run_until(next, false);
+            // A writer fenced by a promise a given-up recovery left is replaced, as in the
+            // audit: its successor recovers above that promise.
+            if self.nodes[node]
+                .client
+                .writer
+                .as_ref()
+                .is_none_or(|w| w.is_stopped())
+            {
+                self.start_writer(node);
+            }
             let status = self.nodes[node].client.writer.as_ref().map(|w| w.status());
             config = status.as_ref().and_then(|s| s.config.clone());
             // Every member caught up with the writer, too.

@@ -45,6 +45,8 @@ fn run(scenario: Scenario) -> Stats {
         total.dropped += s.dropped;
         total.reconfigurations += s.reconfigurations;
         total.final_config_version += s.final_config_version;
+        total.reads_from_lease += s.reads_from_lease;
+        total.prepares_held_off += s.prepares_held_off;
         if violations.len() > 20 {
             break;
         }
@@ -153,6 +155,36 @@ fn a_paused_writer_that_resumes_after_another_took_over_is_fenced() {
 }
 
 #[test]
+fn a_writer_cut_off_confirms_reads_only_within_its_lease() {
+    let stats = run(Scenario {
+        faults: vec![FaultKind::PartitionOneFromRest, FaultKind::Pause],
+        mostly_reads: true,
+        ..base("reads from leases, partitions and pauses")
+    });
+    assert!(stats.reads_from_lease > 0, "{stats:?}");
+    assert!(stats.prepares_held_off > 0, "{stats:?}");
+}
+
+fn cut_off_and_restart_others() -> Scenario {
+    Scenario {
+        faults: vec![
+            FaultKind::CutOffAndRestartOthers,
+            FaultKind::CutOffAndRestartOthers,
+        ],
+        append_interval: Duration::from_millis(20),
+        mostly_reads: true,
+        ..base("one node cut off while the others restart")
+    }
+}
+
+#[test]
+fn read_leases_outlive_a_restart_of_the_replicas_that_granted_them() {
+    let stats = run(cut_off_and_restart_others());
+    assert!(stats.reads_from_lease > 0, "{stats:?}");
+    assert!(stats.prepares_held_off > 0, "{stats:?}");
+}
+
+#[test]
 fn a_node_that_moves_to_another_address_keeps_its_replicas() {
     run(Scenario {
         faults: vec![FaultKind::MoveNode],
@@ -258,6 +290,57 @@ fn promising_without_fencing_is_caught() {
 }
 
 #[test]
+fn promising_a_new_writer_during_a_read_lease_is_caught() {
+    // Clients that mostly read: a writer cut off keeps confirming from its lease.
+    let scenario = Scenario {
+        faults: vec![FaultKind::PartitionOneFromRest, FaultKind::Pause],
+        mostly_reads: true,
+        sabotage: Sabotage {
+            ignore_leases: true,
+            ..Sabotage::default()
+        },
+        ..base("sabotaged: leases ignored")
+    };
+    let caught = (0..200)
+        .filter(|&seed| {
+            let mut sim = Simulation::new(scenario.clone(), seed);
+            sim.run();
+            !sim.check().is_empty()
+        })
+        .count();
+    eprintln!("leases ignored: {caught} of 200 seeds caught");
+    assert!(
+        caught > 0,
+        "no seed showed a read confirmed from a lease that was not kept"
+    );
+}
+
+#[test]
+fn promising_at_once_after_a_restart_is_caught() {
+    // A replica that granted a lease restarts within it, forgets it, and promises a new
+    // writer while the lease holder, cut off, still confirms reads from it.
+    let scenario = Scenario {
+        sabotage: Sabotage {
+            no_restart_wait: true,
+            ..Sabotage::default()
+        },
+        ..cut_off_and_restart_others()
+    };
+    let caught = (0..seeds())
+        .filter(|&seed| {
+            let mut sim = Simulation::new(scenario.clone(), seed);
+            sim.run();
+            !sim.check().is_empty()
+        })
+        .count();
+    eprintln!(
+        "no wait after a restart: {caught} of {} seeds caught",
+        seeds()
+    );
+    assert!(caught > 0, "no seed showed a lease forgotten in a restart");
+}
+
+#[test]
 fn a_repeated_seal_that_truncates_again_is_caught() {
     // Seals duplicated and delayed past the writer's next appends.
     let scenario = Scenario {
@@ -316,6 +399,16 @@ fn trace_one_seed() {
             slow_probability: 0.1,
             ..everything()
         },
+        "paused" => Scenario {
+            faults: vec![FaultKind::Pause, FaultKind::Pause],
+            ..base("paused writer")
+        },
+        "reads" => Scenario {
+            faults: vec![FaultKind::PartitionOneFromRest, FaultKind::Pause],
+            mostly_reads: true,
+            ..base("reads from leases, partitions and pauses")
+        },
+        "cut-off" => cut_off_and_restart_others(),
         "moved" => Scenario {
             faults: vec![FaultKind::MoveNode],
             delete_probability: 0.03,

@@ -62,6 +62,7 @@ passivate_after = "2m"
 entity_ask_timeout = "5s"
 journal_replication_factor = 3
 journal_write_quorum = 2
+journal_read_lease = "2s"
 state_store_mode = "persistence"
 remember_entities = "eventsourced"
 number_of_shards = 1000

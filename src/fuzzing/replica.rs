@@ -206,6 +206,13 @@ pub mod seeds {
                 lac: 3,
                 config: None,
             },
+            Request::Confirm {
+                epoch: first,
+                prev: Position::new(5, first),
+                lac: 5,
+                config: None,
+                lease_ms: 2_000,
+            },
             Request::Read {
                 from: 1,
                 to: 5,

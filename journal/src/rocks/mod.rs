@@ -149,6 +149,22 @@ pub struct RocksJournal {
     commits: watch::Receiver<u64>,
     /// This store's id as a replica of replicated logs (drawn when the store was created).
     storage_id: u64,
+    /// Joined when the journal is dropped: the database is closed by then, and not by a
+    /// thread still running while the process exits (RocksDB aborts when its globals are
+    /// torn down under an open database).
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for RocksJournal {
+    fn drop(&mut self) {
+        // The queue's only lasting sender goes first: the writer sees its end, finishes what
+        // it holds and stops (a close already stopped it).
+        let (closed, _) = std::sync::mpsc::sync_channel(0);
+        drop(std::mem::replace(&mut self.requests, closed));
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
 }
 
 impl RocksJournal {
@@ -194,12 +210,13 @@ impl RocksJournal {
             )?;
         }
         let storage_id = replica::storage_id(&shared)?;
-        let (requests, commits) = writer::start(shared.clone())?;
+        let (requests, commits, writer) = writer::start(shared.clone())?;
         Ok(RocksJournal {
             shared,
             requests,
             commits,
             storage_id,
+            writer: Some(writer),
         })
     }
 

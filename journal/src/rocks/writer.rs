@@ -29,8 +29,8 @@ use smol_str::SmolStr;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
-use std::time::Instant;
-use tessera_replication::replica::{Decision, LogMeta, Mutation, Reply, Rules};
+use std::time::{Duration, Instant};
+use tessera_replication::replica::{Decision, Leases, LogMeta, Mutation, Reply, Rules};
 use tessera_replication::{LogSummary, Request, Response};
 use tessera_storage::FsyncPolicy;
 use tokio::sync::{oneshot, watch};
@@ -217,13 +217,22 @@ struct Writer {
     relaxed: WriteOptions,
     compactions: std::sync::mpsc::SyncSender<(Vec<u8>, Vec<u8>)>,
     compactor: Option<std::thread::JoinHandle<()>>,
+    /// The read leases this replica granted: held here, where every replica request is
+    /// decided in turn, so that a promise and a lease are never decided at once.
+    leases: Leases,
 }
 
-/// Starts the writer and its compaction thread; returns the request queue and the commit
-/// counter that live queries watch.
-pub(crate) fn start(
-    shared: Arc<Shared>,
-) -> Result<(SyncSender<WriterRequest>, watch::Receiver<u64>), JournalError> {
+/// What [`start`] gives back: the request queue, the commit counter, the writer thread.
+pub(crate) type Started = (
+    SyncSender<WriterRequest>,
+    watch::Receiver<u64>,
+    std::thread::JoinHandle<()>,
+);
+
+/// Starts the writer and its compaction thread; returns the request queue, the commit
+/// counter that live queries watch, and the writer thread (which ends once every sender of
+/// the queue is gone or a close was asked).
+pub(crate) fn start(shared: Arc<Shared>) -> Result<Started, JournalError> {
     let counters = load_counters(&shared)?;
     let deletions = load_deletions(&shared)?;
     let (requests, queue) = std::sync::mpsc::sync_channel(shared.config.write_queue_capacity);
@@ -238,6 +247,7 @@ pub(crate) fn start(
 
     let mut durable = WriteOptions::default();
     durable.set_sync(shared.config.fsync == FsyncPolicy::Always);
+    let leases = Leases::new(Instant::now(), shared.config.replica_restart_wait);
     let writer = Writer {
         shared,
         logs: Recent::new(MAX_CACHED_NAMES),
@@ -250,12 +260,13 @@ pub(crate) fn start(
         relaxed: WriteOptions::default(),
         compactions,
         compactor: Some(compactor),
+        leases,
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("tessera-journal-writer".into())
         .spawn(move || writer.run(queue))
         .map_err(|e| JournalError::Storage(format!("cannot start the writer thread: {e}")))?;
-    Ok((requests, committed))
+    Ok((requests, committed, thread))
 }
 
 fn load_counters(shared: &Shared) -> Result<Counters, JournalError> {
@@ -627,6 +638,13 @@ impl Writer {
                 Reply::Fenced(promise) => Ok(Response::Fenced { promise }),
                 Reply::Mismatch => Ok(Response::Mismatch { summary }),
                 Reply::Invalid(reason) => Ok(Response::Invalid { reason }),
+                Reply::Leased(remaining) => Ok(Response::Leased {
+                    remaining_ms: tessera_replication::memory::remaining_ms(remaining),
+                }),
+                Reply::Confirmed(lease) => Ok(Response::Confirmed {
+                    summary,
+                    lease_ms: tessera_replication::memory::lease_ms(lease),
+                }),
             };
             answers.answer(staged.reply, response);
         }
@@ -655,12 +673,30 @@ impl Writer {
             pid_num: log.map_or(0, |l| l.pid_num),
         };
         let before_ref = before.as_ref();
+        let now = Instant::now();
+        if let Request::Prepare { epoch } = &request
+            && let Some(held) = rules.held_off(&mut self.leases, pid, before_ref, *epoch, now)
+        {
+            let summary = before.clone().unwrap_or_default().summary();
+            return Ok((held, summary, log.map(|l| l.pid_num)));
+        }
+        let mut lease = None;
         let Decision {
             meta,
             mutations,
-            reply,
+            mut reply,
         } = match request {
             Request::Prepare { epoch } => rules.prepare(before_ref, epoch),
+            Request::Confirm {
+                epoch,
+                prev,
+                lac,
+                config,
+                lease_ms,
+            } => {
+                lease = Some((epoch, Duration::from_millis(lease_ms)));
+                rules.append(before_ref, &epochs, epoch, prev, Vec::new(), lac, config)
+            }
             Request::Append {
                 epoch,
                 prev,
@@ -683,6 +719,10 @@ impl Writer {
                 ));
             }
         };
+        if let (Some((epoch, requested)), Reply::Appended) = (lease, &reply) {
+            // Granted as the confirmation is decided: a prepare staged after it sees it.
+            reply = Reply::Confirmed(self.leases.grant(pid, epoch, requested, now));
+        }
         let after = meta.clone().or(before).unwrap_or_default();
         if meta.is_none() && mutations.is_empty() {
             return Ok((reply, after.summary(), log.map(|l| l.pid_num)));

@@ -63,6 +63,10 @@ pub struct WriterSettings {
     pub max_queued_operations: usize,
     /// Recoveries restarted (a higher epoch seen, the configuration moved) before giving up.
     pub max_recovery_attempts: u32,
+    /// The read lease a confirmation round asks the replicas for (capped at
+    /// [`crate::replica::MAX_READ_LEASE`]; zero: none). While one runs, confirmations are
+    /// answered without a round; a new writer's recovery may wait up to this long for it.
+    pub read_lease: Duration,
 }
 
 impl Default for WriterSettings {
@@ -78,6 +82,7 @@ impl Default for WriterSettings {
             max_buffered_entries: 4_096,
             max_queued_operations: 1_024,
             max_recovery_attempts: 8,
+            read_lease: crate::replica::MAX_READ_LEASE,
         }
     }
 }
@@ -204,6 +209,8 @@ pub struct WriterCounters {
     pub entries_copied: u64,
     /// Configuration changes completed.
     pub reconfigurations: u64,
+    /// Confirmations answered within a read lease, without a round to the replicas.
+    pub confirms_from_lease: u64,
 }
 
 /// Everything phases share: settings, the clock of this step, outputs, open requests.
@@ -462,10 +469,12 @@ impl<P: Payload> LogWriter<P> {
     }
 
     /// Confirms that this writer still holds the log and that it ends at `highest`: W members
-    /// of the configuration take an empty write of its epoch after this call. Once confirmed,
-    /// no other writer had taken the log over when the call was made, so a read of state up
-    /// to `highest` is current (linearizable). Acknowledged, or not applied when the log has
-    /// another end.
+    /// of the configuration take an empty write of its epoch after this call, or a read lease
+    /// that W of them granted to an earlier such round still runs at `now` (no other writer
+    /// can have recovered the log before it ends). Once confirmed, no other writer had taken
+    /// the log over when the call was made, so a read of state up to `highest` is current
+    /// (linearizable). Acknowledged, or not applied when the log has another end. `now` must
+    /// be read after the caller's read began.
     pub fn confirm(&mut self, op: OpId, highest: u64, now: Instant) {
         self.submit(
             Queued {

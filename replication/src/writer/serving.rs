@@ -11,8 +11,9 @@ use super::{
 use crate::configuration::{Configuration, ReplicaId};
 use crate::epoch::{Epoch, Position};
 use crate::message::{Entry, Payload, Request, Response};
+use crate::replica::{MAX_READ_LEASE, writer_lease};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tessera_cluster::Address;
 
 #[derive(Debug)]
@@ -23,12 +24,16 @@ enum InFlight {
         started: Instant,
     },
     /// A delete, or a confirmation (`to: None`): empty writes to the members, counted.
+    /// `started` is when they were sent, before any replica took them: a lease counts from
+    /// there.
     Quorum {
         op: OpId,
         to: Option<u64>,
         started: Instant,
         requests: BTreeMap<RequestId, ReplicaId>,
         acks: BTreeSet<ReplicaId>,
+        /// Members that granted the whole lease asked for (a confirmation's).
+        leased: BTreeSet<ReplicaId>,
     },
 }
 
@@ -46,6 +51,12 @@ impl InFlight {
     }
 }
 
+/// The lease a confirmation round asks for, in whole milliseconds as it travels (rounded
+/// down, capped at what replicas grant): the writer counts on no more than that.
+fn requested_lease_ms(read_lease: Duration) -> u64 {
+    u64::try_from(read_lease.min(MAX_READ_LEASE).as_millis()).unwrap_or(0)
+}
+
 pub(crate) struct Serving<P> {
     epoch: Epoch,
     config: Configuration,
@@ -57,6 +68,10 @@ pub(crate) struct Serving<P> {
     in_flight: Option<InFlight>,
     /// A configuration change waiting for the storage id of the member it adds.
     probing: Option<(RequestId, Address)>,
+    /// Until then a read lease from W members runs (by this writer's clock, with the drift
+    /// margin taken off): no other writer can recover the log, so confirmations need no
+    /// round.
+    lease_until: Option<Instant>,
 }
 
 impl<P: Payload> Serving<P> {
@@ -86,6 +101,7 @@ impl<P: Payload> Serving<P> {
             window,
             in_flight: None,
             probing: None,
+            lease_until: None,
         }
     }
 
@@ -290,6 +306,7 @@ impl<P: Payload> Serving<P> {
             started: ctx.now,
             requests,
             acks: BTreeSet::new(),
+            leased: BTreeSet::new(),
         });
     }
 
@@ -304,9 +321,28 @@ impl<P: Payload> Serving<P> {
             });
             return;
         }
+        if self.lease_until.is_some_and(|until| ctx.now < until) {
+            ctx.counters.confirms_from_lease += 1;
+            ctx.out.push(Output::Completed {
+                op,
+                outcome: Outcome::Acknowledged,
+            });
+            return;
+        }
+        let lease_ms = requested_lease_ms(ctx.settings.read_lease);
         let mut requests = BTreeMap::new();
         for member in self.in_sync() {
-            let id = self.send_mark(ctx, &member);
+            let has_config = self.followers.get(&member).is_some_and(|f| f.has_config);
+            let id = ctx.send(
+                Target::Replica(member.clone()),
+                Request::Confirm {
+                    epoch: self.epoch,
+                    prev: self.last,
+                    lac: self.lac,
+                    config: (!has_config).then(|| self.config.clone()),
+                    lease_ms,
+                },
+            );
             requests.insert(id, member);
         }
         self.in_flight = Some(InFlight::Quorum {
@@ -315,6 +351,7 @@ impl<P: Payload> Serving<P> {
             started: ctx.now,
             requests,
             acks: BTreeSet::new(),
+            leased: BTreeSet::new(),
         });
     }
 
@@ -366,20 +403,41 @@ impl<P: Payload> Serving<P> {
         if let Some(InFlight::Quorum {
             op,
             to,
+            started,
             requests,
             acks,
-            ..
+            leased,
         }) = &mut self.in_flight
             && let Some(member) = requests.remove(&id)
         {
             match response {
-                Response::Deleted { .. } | Response::Appended { .. } => {
+                Response::Deleted { .. }
+                | Response::Appended { .. }
+                | Response::Confirmed { .. } => {
+                    let requested = requested_lease_ms(ctx.settings.read_lease);
+                    if let Response::Confirmed { lease_ms, .. } = response
+                        && requested > 0
+                        && lease_ms >= requested
+                    {
+                        leased.insert(member.clone());
+                    }
                     acks.insert(member);
                     let quorums = ctx.settings.quorums;
                     if self.config.has_quorum(acks.iter(), |n| quorums.acks(n)) {
-                        let (op, to) = (*op, *to);
-                        if let Some(to) = to {
-                            self.deleted_to = self.deleted_to.max(to);
+                        let (op, to, started) = (*op, *to, *started);
+                        match to {
+                            Some(to) => self.deleted_to = self.deleted_to.max(to),
+                            None => {
+                                // W members granted the lease, each after `started`.
+                                let lease = writer_lease(Duration::from_millis(
+                                    requested_lease_ms(ctx.settings.read_lease),
+                                ));
+                                if !lease.is_zero()
+                                    && self.config.has_quorum(leased.iter(), |n| quorums.acks(n))
+                                {
+                                    self.lease_until = Some(started + lease);
+                                }
+                            }
                         }
                         self.in_flight = None;
                         ctx.out.push(Output::Completed {
