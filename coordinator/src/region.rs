@@ -177,6 +177,39 @@ impl<M> ShardRegion<M> {
         self.local.keys()
     }
 
+    /// Whether a message of this node's callers for `shard` would be delivered here at once,
+    /// with nothing before it: the shard runs here, is not handing off, and buffers nothing.
+    /// Only handling the coordinator's messages, markers, stopped shards, shutdown, ticks and
+    /// membership changes this; delivering messages never does.
+    pub fn takes_local_callers(&self, shard: ShardId) -> bool {
+        self.local.get(&shard) == Some(&Hosted::Active)
+            && !self.handing_off.contains(&shard)
+            && self.buffers.get(&shard).is_none_or(VecDeque::is_empty)
+    }
+
+    /// Where a message of this node's callers for `shard` would be forwarded at once, with
+    /// nothing before it: another region is its known home, this node does not run it, it
+    /// is not handing off, and nothing is buffered for it. The same inputs as for
+    /// [`ShardRegion::takes_local_callers`] change this.
+    pub fn forwards_local_callers(&self, shard: ShardId) -> Option<&RegionId> {
+        let home = self.homes.get(&shard)?;
+        (*home != self.self_id
+            && !self.local.contains_key(&shard)
+            && !self.handing_off.contains(&shard)
+            && self.buffers.get(&shard).is_none_or(VecDeque::is_empty))
+        .then_some(home)
+    }
+
+    /// Shards whose home is known.
+    pub fn known_homes(&self) -> impl Iterator<Item = &ShardId> {
+        self.homes.keys()
+    }
+
+    /// How many shards are hosted here (running or stopping).
+    pub fn local_shard_count(&self) -> usize {
+        self.local.len()
+    }
+
     /// Whether `shard` is hosted here and takes messages.
     pub fn is_active(&self, shard: ShardId) -> bool {
         self.local.get(&shard) == Some(&Hosted::Active)

@@ -22,7 +22,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::singleton::{
@@ -46,6 +46,10 @@ pub const SERVICE_QUEUE_CAPACITY: usize = 16_384;
 pub const INPUT_QUEUE_CAPACITY: usize = 16_384;
 /// Resolution of the regions' and coordinators' timers.
 pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Inputs a region handles in one turn of its loop at most, so that membership changes and
+/// ticks are not kept waiting behind a full queue.
+const INPUT_BATCH: usize = 64;
 /// A coordinator that cannot read its state tries again after this long.
 pub const LOAD_RETRY_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -133,6 +137,8 @@ pub struct ShardingCounters {
     pub remember_write_failures: AtomicU64,
     /// Remembered entities started where their shard landed.
     pub remembered_started: AtomicU64,
+    /// Asks of this node's callers queued on the entity host past the region task.
+    pub asks_direct: AtomicU64,
 }
 
 impl ShardingCounters {
@@ -164,8 +170,15 @@ pub struct CoordinatorGauges {
     pub writes: u64,
 }
 
+/// What a region gives a local caller: the reply, or (for an entity of this node) the
+/// entity host's answer to await, so that no task is spawned just to pass it on.
+enum Answer {
+    Ready(Result<Vec<u8>, AskFailure>),
+    Pending(BoxFuture<'static, Result<Vec<u8>, AskFailure>>),
+}
+
 enum ReplyTo {
-    Local(oneshot::Sender<Result<Vec<u8>, AskFailure>>),
+    Local(oneshot::Sender<Answer>),
     Remote { to: Address, reply_id: u64 },
 }
 
@@ -180,7 +193,7 @@ enum RegionInput {
     Ask {
         entity_id: String,
         payload: Vec<u8>,
-        reply: oneshot::Sender<Result<Vec<u8>, AskFailure>>,
+        reply: oneshot::Sender<Answer>,
     },
     FromCoordinator {
         from: UniqueAddress,
@@ -195,10 +208,6 @@ enum RegionInput {
         from: UniqueAddress,
         shard: ShardId,
         handoff: HandoffId,
-    },
-    Reply {
-        reply_id: u64,
-        result: Result<Vec<u8>, AskFailure>,
     },
     ShardStopped(ShardId),
     /// The remembered entities of `shard`, read for its incarnation `generation`.
@@ -229,9 +238,85 @@ struct RegionHandle {
     gauges: watch::Receiver<RegionGauges>,
     coordinator_gauges: watch::Receiver<CoordinatorGauges>,
     hosts: bool,
+    /// This node's callers' way past the region task.
+    direct: Arc<DirectPath>,
+}
+
+/// The way of this node's callers past the region task, for a shard whose messages the
+/// region task would send on at once anyway: one that runs here and takes their messages
+/// (active, not handing off, nothing buffered), queued straight on the entity host; or one
+/// whose home is another known region (not handing off, nothing buffered), forwarded there.
+///
+/// Invariants: `routes` changes only under the write lock, together with the region state
+/// it mirrors (the region task holds it while it handles anything but asks and forwarded
+/// commands), and a caller queues its command on the host, or sends it, under the read lock;
+/// so a command never reaches the host after the region began stopping its shard, nor
+/// leaves for a home after the region's handoff marker. `queued_asks` counts this node's
+/// asks sent to the region task and not yet handled there; a caller goes direct only when it
+/// is zero, so an ask never overtakes an earlier one of the same caller. The router does the
+/// same for commands forwarded from other regions, counted in `queued_forwards`.
+struct DirectPath {
+    type_name: String,
+    host: Option<Arc<dyn ShardHost>>,
+    number_of_shards: u32,
+    routes: std::sync::RwLock<HashMap<ShardId, DirectRoute>>,
+    queued_asks: AtomicU64,
+    /// The same for commands other regions forwarded here: the router delivers one direct
+    /// only when none waits in the region task.
+    queued_forwards: AtomicU64,
+    /// This node's address, where replies to forwarded commands come back.
+    self_address: Address,
+    send: SendFrame,
+    waiting: Waiting,
+    /// Reply ids of forwarded commands, shared with the region task's.
+    next_reply_id: AtomicU64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DirectRoute {
+    Local,
+    Remote(Address),
+}
+
+/// What became of a command offered to the direct path.
+enum Direct {
+    /// Queued on the entity host: its reply.
+    Local(BoxFuture<'static, Result<Vec<u8>, AskFailure>>),
+    /// Forwarded: the reply comes under this id.
+    Remote(oneshot::Receiver<Answer>, u64),
+    /// Forwarding failed; nothing was sent.
+    Failed(AskFailure),
+    /// Not for the direct path: the command, for the region task.
+    NotTaken(Vec<u8>),
+}
+
+impl DirectPath {
+    /// The routes, unless a region task panicked while changing them: then none are used.
+    fn read(&self) -> Option<std::sync::RwLockReadGuard<'_, HashMap<ShardId, DirectRoute>>> {
+        self.routes.read().ok()
+    }
 }
 
 type CoordinatorRoutes = Arc<Mutex<HashMap<String, (u64, mpsc::Sender<CoordinatorInput>)>>>;
+
+/// This node's callers waiting for an answer from another node, by reply id.
+type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+
+fn lock_waiting(
+    waiting: &Waiting,
+) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Answer>>> {
+    waiting.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sends a sharding frame to a node (the router's way to answer a command it delivered).
+type SendFrame = Arc<dyn Fn(&Address, &ShardingFrame) -> Result<(), String> + Send + Sync>;
+
+/// What the router needs of a type's region.
+struct RegionRoute {
+    inputs: mpsc::Sender<RegionInput>,
+    direct: Arc<DirectPath>,
+    waiting: Waiting,
+}
 
 /// The node's sharding runtime. See the module documentation.
 pub struct Sharding<T: Transport> {
@@ -265,6 +350,10 @@ impl<T: Transport> Sharding<T> {
         let counters = Arc::new(ShardingCounters::default());
         let shutdown = CancellationToken::new();
         let coordinators: CoordinatorRoutes = Arc::new(Mutex::new(HashMap::new()));
+        let send: SendFrame = {
+            let transport = transport.clone();
+            Arc::new(move |to: &Address, frame: &ShardingFrame| send_frame(&*transport, to, frame))
+        };
         let mut regions = BTreeMap::new();
         let mut region_inputs = HashMap::new();
         let mut started = Vec::new();
@@ -321,18 +410,31 @@ impl<T: Transport> Sharding<T> {
                 Some(setup) => (Some(setup.store), Some(setup.notes)),
                 None => (None, None),
             };
+            let waiting: Waiting = Arc::default();
+            let direct = Arc::new(DirectPath {
+                type_name: sharded.type_name.clone(),
+                host: sharded.host.clone(),
+                number_of_shards: sharded.settings.number_of_shards,
+                routes: std::sync::RwLock::new(HashMap::new()),
+                queued_asks: AtomicU64::new(0),
+                queued_forwards: AtomicU64::new(0),
+                self_address: transport.local().address.clone(),
+                send: send.clone(),
+                waiting: waiting.clone(),
+                next_reply_id: AtomicU64::new(rand::random()),
+            });
             let task = RegionTask {
                 type_name: sharded.type_name.clone(),
                 self_id: self_id.clone(),
                 region: ShardRegion::new(sharded.settings.clone(), self_id, hosts),
                 host: sharded.host,
+                direct: direct.clone(),
                 number_of_shards: sharded.settings.number_of_shards,
                 handoff_timeout: sharded.settings.handoff_timeout,
                 ask_timeout: settings.ask_timeout,
                 transport: transport.clone(),
-                waiting: HashMap::new(),
+                waiting: waiting.clone(),
                 deadlines: VecDeque::new(),
-                next_reply_id: rand::random(),
                 shard_generations: HashMap::new(),
                 inputs: inputs_tx.clone(),
                 gauges: gauges_tx,
@@ -349,7 +451,14 @@ impl<T: Transport> Sharding<T> {
                 singleton.watch_status(),
                 shutdown.child_token(),
             )));
-            region_inputs.insert(sharded.type_name.clone(), inputs_tx.clone());
+            region_inputs.insert(
+                sharded.type_name.clone(),
+                RegionRoute {
+                    inputs: inputs_tx.clone(),
+                    direct: direct.clone(),
+                    waiting,
+                },
+            );
             regions.insert(
                 sharded.type_name,
                 RegionHandle {
@@ -357,6 +466,7 @@ impl<T: Transport> Sharding<T> {
                     gauges,
                     coordinator_gauges,
                     hosts,
+                    direct,
                 },
             );
             started.push(singleton);
@@ -366,6 +476,7 @@ impl<T: Transport> Sharding<T> {
             regions: region_inputs,
             coordinators,
             counters: counters.clone(),
+            send,
         };
         tasks.push(tokio::spawn(router.run(inbound, shutdown.child_token())));
         Ok(Sharding {
@@ -432,34 +543,10 @@ impl<T: Transport> Sharding<T> {
                 ),
             ));
         };
-        let (reply, answer) = oneshot::channel();
-        region
-            .inputs
-            .try_send(RegionInput::Ask {
-                entity_id: entity_id.to_string(),
-                payload,
-                reply,
-            })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => AskFailure::new(
-                    FailureKind::Overloaded,
-                    AskOutcome::NotApplied,
-                    format!(
-                        "the {type_name} region's queue is full ({INPUT_QUEUE_CAPACITY} inputs)"
-                    ),
-                ),
-                mpsc::error::TrySendError::Closed(_) => stopping(type_name),
-            })?;
         let timeout = self.settings.ask_timeout;
-        match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(result)) => result,
-            // The region dropped it without an answer: it may have been delivered.
-            Ok(Err(_)) => Err(AskFailure::new(
-                FailureKind::Timeout,
-                AskOutcome::Unknown,
-                format!("the {type_name} region stopped while the command was under way"),
-            )),
-            Err(_) => Err(AskFailure::new(
+        let deadline = tokio::time::Instant::now() + timeout;
+        let timed_out = || {
+            Err(AskFailure::new(
                 FailureKind::Timeout,
                 AskOutcome::Unknown,
                 format!(
@@ -467,7 +554,119 @@ impl<T: Transport> Sharding<T> {
                      still be carried out",
                     timeout.as_millis()
                 ),
+            ))
+        };
+        let direct = &region.direct;
+        let (answer, forwarded) = match Self::ask_direct(direct, entity_id, payload) {
+            Direct::Local(answer) => {
+                ShardingCounters::incr(&self.counters.asks_direct);
+                return tokio::time::timeout_at(deadline, answer)
+                    .await
+                    .unwrap_or_else(|_| timed_out());
+            }
+            Direct::Failed(failure) => return Err(failure),
+            Direct::Remote(answer, reply_id) => {
+                ShardingCounters::incr(&self.counters.asks_direct);
+                ShardingCounters::incr(&self.counters.forwards_sent);
+                (answer, Some(reply_id))
+            }
+            Direct::NotTaken(payload) => {
+                let (reply, answer) = oneshot::channel();
+                direct.queued_asks.fetch_add(1, Ordering::SeqCst);
+                region
+                    .inputs
+                    .try_send(RegionInput::Ask {
+                        entity_id: entity_id.to_string(),
+                        payload,
+                        reply,
+                    })
+                    .map_err(|e| {
+                        direct.queued_asks.fetch_sub(1, Ordering::SeqCst);
+                        match e {
+                            mpsc::error::TrySendError::Full(_) => AskFailure::new(
+                                FailureKind::Overloaded,
+                                AskOutcome::NotApplied,
+                                format!(
+                                    "the {type_name} region's queue is full \
+                                     ({INPUT_QUEUE_CAPACITY} inputs)"
+                                ),
+                            ),
+                            mpsc::error::TrySendError::Closed(_) => stopping(type_name),
+                        }
+                    })?;
+                (answer, None)
+            }
+        };
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(Answer::Ready(result))) => result,
+            Ok(Ok(Answer::Pending(answer))) => tokio::time::timeout_at(deadline, answer)
+                .await
+                .unwrap_or_else(|_| timed_out()),
+            // The region dropped it without an answer: it may have been delivered.
+            Ok(Err(_)) => Err(AskFailure::new(
+                FailureKind::Timeout,
+                AskOutcome::Unknown,
+                format!("the {type_name} region stopped while the command was under way"),
             )),
+            Err(_) => {
+                if let Some(reply_id) = forwarded {
+                    // Forwarded here, not by the region task: no deadline of its forgets it.
+                    lock_waiting(&direct.waiting).remove(&reply_id);
+                }
+                timed_out()
+            }
+        }
+    }
+
+    /// Offers a command to the direct path (see [`DirectPath`]): queued on the entity host
+    /// when its shard runs here and takes this node's callers, forwarded when its home is
+    /// another known region, in both cases only when no earlier ask of this node waits in the
+    /// region task; otherwise given back for the region task.
+    fn ask_direct(direct: &DirectPath, entity_id: &str, payload: Vec<u8>) -> Direct {
+        let Ok(id) = EntityId::new(entity_id) else {
+            // The region task answers with the reason.
+            return Direct::NotTaken(payload);
+        };
+        let shard = shard_of(&id, direct.number_of_shards);
+        let Some(routes) = direct.read() else {
+            return Direct::NotTaken(payload);
+        };
+        if direct.queued_asks.load(Ordering::SeqCst) != 0 {
+            return Direct::NotTaken(payload);
+        }
+        match (routes.get(&shard), &direct.host) {
+            (Some(DirectRoute::Local), Some(host)) => Direct::Local(host.ask(entity_id, payload)),
+            (Some(DirectRoute::Remote(home)), _) => {
+                let reply_id = direct.next_reply_id.fetch_add(1, Ordering::Relaxed);
+                let (reply, answer) = oneshot::channel();
+                // Waiting before the frame leaves: the router may get the reply at once.
+                lock_waiting(&direct.waiting).insert(reply_id, reply);
+                let frame = ShardingFrame::Forward {
+                    type_name: direct.type_name.clone(),
+                    shard,
+                    ask: RemoteAsk {
+                        entity_id: entity_id.to_string(),
+                        payload,
+                        reply_to: direct.self_address.clone(),
+                        reply_id,
+                    },
+                };
+                match (direct.send)(home, &frame) {
+                    Ok(()) => Direct::Remote(answer, reply_id),
+                    Err(error) => {
+                        lock_waiting(&direct.waiting).remove(&reply_id);
+                        Direct::Failed(AskFailure::new(
+                            FailureKind::Unavailable,
+                            AskOutcome::NotApplied,
+                            format!(
+                                "{} {entity_id:?}: cannot reach the region at {home}: {error}",
+                                direct.type_name
+                            ),
+                        ))
+                    }
+                }
+            }
+            _ => Direct::NotTaken(payload),
         }
     }
 
@@ -569,9 +768,10 @@ fn stopping(type_name: &str) -> AskFailure {
 struct Router {
     /// This node's incarnation: frames for a region of another one are dropped.
     self_uid: u64,
-    regions: HashMap<String, mpsc::Sender<RegionInput>>,
+    regions: HashMap<String, RegionRoute>,
     coordinators: CoordinatorRoutes,
     counters: Arc<ShardingCounters>,
+    send: SendFrame,
 }
 
 impl Router {
@@ -622,6 +822,28 @@ impl Router {
             return;
         };
         let input = match frame {
+            ShardingFrame::Forward {
+                type_name,
+                shard,
+                ask,
+            } => match self.forward_direct(region, &type_name, shard, ask) {
+                Ok(()) => return,
+                Err(ask) => {
+                    region.direct.queued_forwards.fetch_add(1, Ordering::SeqCst);
+                    RegionInput::Forward { from, shard, ask }
+                }
+            },
+            ShardingFrame::Reply {
+                reply_id, result, ..
+            } => {
+                match lock_waiting(&region.waiting).remove(&reply_id) {
+                    Some(waiter) => {
+                        let _ = waiter.send(Answer::Ready(result));
+                    }
+                    None => ShardingCounters::incr(&self.counters.replies_late),
+                }
+                return;
+            }
             ShardingFrame::ToRegion { to_uid, .. } if to_uid != self.self_uid => {
                 ShardingCounters::incr(&self.counters.frames_unrouted);
                 tracing::debug!(%from, to_uid, "sharding frame for an earlier incarnation of this node dropped");
@@ -635,19 +857,71 @@ impl Router {
                 shard,
                 handoff,
             },
-            ShardingFrame::Forward { shard, ask, .. } => RegionInput::Forward { from, shard, ask },
-            ShardingFrame::Reply {
-                reply_id, result, ..
-            } => RegionInput::Reply { reply_id, result },
             ShardingFrame::RegionState { .. } => match inbound.reply {
                 Some(responder) => RegionInput::RemoteState(responder),
                 None => return,
             },
             ShardingFrame::ToCoordinator { .. } => return,
         };
-        if region.try_send(input).is_err() {
+        let forward = matches!(input, RegionInput::Forward { .. });
+        if region.inputs.try_send(input).is_err() {
             ShardingCounters::incr(&self.counters.frames_dropped);
+            if forward {
+                region.direct.queued_forwards.fetch_sub(1, Ordering::SeqCst);
+            }
         }
+    }
+
+    /// Queues a command another region forwarded on the entity host at once when its shard
+    /// runs here and takes callers directly, and no earlier forwarded command waits in the
+    /// region task (see [`DirectPath`]); the answer goes back from a task of its own.
+    /// Otherwise gives the command back for the region task.
+    fn forward_direct(
+        &self,
+        region: &RegionRoute,
+        type_name: &str,
+        shard: ShardId,
+        ask: RemoteAsk,
+    ) -> Result<(), RemoteAsk> {
+        let direct = &region.direct;
+        let Some(host) = &direct.host else {
+            return Err(ask);
+        };
+        // A shard that is not this entity's here is the region task's to refuse.
+        let ours = EntityId::new(&ask.entity_id).map(|id| shard_of(&id, direct.number_of_shards));
+        if ours.ok() != Some(shard) {
+            return Err(ask);
+        }
+        let Some(routes) = direct.read() else {
+            return Err(ask);
+        };
+        if direct.queued_forwards.load(Ordering::SeqCst) != 0
+            || routes.get(&shard) != Some(&DirectRoute::Local)
+        {
+            return Err(ask);
+        }
+        let RemoteAsk {
+            entity_id,
+            payload,
+            reply_to,
+            reply_id,
+        } = ask;
+        let answer = host.ask(&entity_id, payload);
+        drop(routes);
+        ShardingCounters::incr(&self.counters.asks_direct);
+        let send = self.send.clone();
+        let type_name = type_name.to_string();
+        tokio::spawn(async move {
+            let frame = ShardingFrame::Reply {
+                type_name,
+                reply_id,
+                result: answer.await,
+            };
+            if let Err(error) = send(&reply_to, &frame) {
+                tracing::debug!(to = %reply_to, %error, "a sharding reply was not sent");
+            }
+        });
+        Ok(())
     }
 }
 
@@ -710,14 +984,15 @@ struct RegionTask<T: Transport> {
     self_id: UniqueAddress,
     region: ShardRegion<Pending>,
     host: Option<Arc<dyn ShardHost>>,
+    direct: Arc<DirectPath>,
     number_of_shards: u32,
     handoff_timeout: Duration,
     ask_timeout: Duration,
     transport: Arc<T>,
-    /// Callers on this node waiting for an answer from another node, by reply id.
-    waiting: HashMap<u64, oneshot::Sender<Result<Vec<u8>, AskFailure>>>,
+    /// Callers on this node waiting for an answer from another node, by reply id (the router
+    /// hands them their answers).
+    waiting: Waiting,
     deadlines: VecDeque<(Instant, u64)>,
-    next_reply_id: u64,
     /// Bumped each time a local shard starts or stops: a read of remembered entities started
     /// for one incarnation of the shard is ignored by any other.
     shard_generations: HashMap<ShardId, u64>,
@@ -742,10 +1017,9 @@ impl<T: Transport> RegionTask<T> {
     ) {
         let mut ticker = tokio::time::interval(TICK_INTERVAL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        self.update_view(
-            &membership.borrow_and_update(),
-            &singleton.borrow_and_update(),
-        );
+        let snapshot = membership.borrow_and_update().clone();
+        let status = singleton.borrow_and_update().clone();
+        self.rerouting(|task| task.update_view(&snapshot, &status));
         loop {
             tokio::select! {
                 biased;
@@ -754,16 +1028,26 @@ impl<T: Transport> RegionTask<T> {
                     if changed.is_err() { break; }
                     let snapshot = membership.borrow_and_update().clone();
                     let status = singleton.borrow().clone();
-                    self.update_view(&snapshot, &status);
+                    self.rerouting(|task| task.update_view(&snapshot, &status));
                 }
                 changed = singleton.changed() => {
                     if changed.is_err() { break; }
                     let status = singleton.borrow_and_update().clone();
                     let snapshot = membership.borrow().clone();
-                    self.update_view(&snapshot, &status);
+                    self.rerouting(|task| task.update_view(&snapshot, &status));
                 }
                 input = inputs.recv() => match input {
-                    Some(input) => self.handle(input),
+                    Some(input) => {
+                        self.take(input);
+                        // What queued meanwhile, before the gauges are published and the
+                        // other sources polled again: under load that is once per batch.
+                        for _ in 1..INPUT_BATCH {
+                            match inputs.try_recv() {
+                                Ok(input) => self.take(input),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => break,
                 },
                 note = async {
@@ -776,14 +1060,74 @@ impl<T: Transport> RegionTask<T> {
                     None => notes = None,
                 },
                 _ = ticker.tick() => {
-                    let out = self.region.tick(clock_now());
-                    self.outputs(out);
+                    self.rerouting(|task| {
+                        let out = task.region.tick(clock_now());
+                        task.outputs(out);
+                    });
                     self.expire_waiting();
                     self.write_remembered();
                 }
             }
             self.publish();
         }
+        self.close_direct();
+    }
+
+    /// Handles one input. Those that may change which shards take this node's callers
+    /// directly are handled under the direct path's write lock, which is then brought up to
+    /// date (see [`DirectPath`]); an ask handled here lets later ones go direct again.
+    fn take(&mut self, input: RegionInput) {
+        match input {
+            RegionInput::FromCoordinator { .. }
+            | RegionInput::Marker { .. }
+            | RegionInput::ShardStopped(_)
+            | RegionInput::BeginShutdown(_) => self.rerouting(|task| task.handle(input)),
+            RegionInput::Ask { .. } => {
+                self.handle(input);
+                self.direct.queued_asks.fetch_sub(1, Ordering::SeqCst);
+            }
+            RegionInput::Forward { .. } => {
+                self.handle(input);
+                self.direct.queued_forwards.fetch_sub(1, Ordering::SeqCst);
+            }
+            RegionInput::Remembered { .. }
+            | RegionInput::RememberWritten { .. }
+            | RegionInput::State(_)
+            | RegionInput::RemoteState(_) => self.handle(input),
+        }
+    }
+
+    /// Runs `change` with the direct path closed, then opens it to the shards whose messages
+    /// this node's callers may send on themselves.
+    fn rerouting(&mut self, change: impl FnOnce(&mut Self)) {
+        let direct = self.direct.clone();
+        let mut routes = direct
+            .routes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        change(self);
+        routes.clear();
+        if self.host.is_some() {
+            for &shard in self.region.local_shards() {
+                if self.region.takes_local_callers(shard) {
+                    routes.insert(shard, DirectRoute::Local);
+                }
+            }
+        }
+        for &shard in self.region.known_homes() {
+            if let Some(home) = self.region.forwards_local_callers(shard) {
+                routes.insert(shard, DirectRoute::Remote(home.address.clone()));
+            }
+        }
+    }
+
+    /// Closes the direct path for good: the region task is ending.
+    fn close_direct(&self) {
+        self.direct
+            .routes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 
     fn update_view(&mut self, snapshot: &ClusterSnapshot, singleton: &SingletonStatus) {
@@ -799,7 +1143,7 @@ impl<T: Transport> RegionTask<T> {
         let stats = self.region.stats();
         let gauges = RegionGauges {
             registered: self.region.is_registered(),
-            shards: self.region.local_shards().count(),
+            shards: self.region.local_shard_count(),
             buffered: self.region.buffered(),
             handoffs: stats.handoffs,
             forwarded: stats.forwarded,
@@ -827,11 +1171,11 @@ impl<T: Transport> RegionTask<T> {
                 let id = match EntityId::new(&entity_id) {
                     Ok(id) => id,
                     Err(e) => {
-                        let _ = reply.send(Err(AskFailure::new(
+                        let _ = reply.send(Answer::Ready(Err(AskFailure::new(
                             FailureKind::BadRequest,
                             AskOutcome::NotApplied,
                             e.to_string(),
-                        )));
+                        ))));
                         return;
                     }
                 };
@@ -899,12 +1243,6 @@ impl<T: Transport> RegionTask<T> {
                 let out = self.region.marker(from, shard, handoff);
                 self.outputs(out);
             }
-            RegionInput::Reply { reply_id, result } => match self.waiting.remove(&reply_id) {
-                Some(waiter) => {
-                    let _ = waiter.send(result);
-                }
-                None => ShardingCounters::incr(&self.counters.replies_late),
-            },
             RegionInput::ShardStopped(shard) => {
                 let out = self.region.shard_stopped(shard, now);
                 self.outputs(out);
@@ -1116,14 +1454,14 @@ impl<T: Transport> RegionTask<T> {
             }
             self.deadlines.pop_front();
             // The caller gave up at its own timeout; forget the slot.
-            self.waiting.remove(&reply_id);
+            lock_waiting(&self.waiting).remove(&reply_id);
         }
     }
 
     fn reply(&self, reply: ReplyTo, result: Result<Vec<u8>, AskFailure>) {
         match reply {
             ReplyTo::Local(tx) => {
-                let _ = tx.send(result);
+                let _ = tx.send(Answer::Ready(result));
             }
             ReplyTo::Remote { to, reply_id } => {
                 let frame = ShardingFrame::Reply {
@@ -1197,8 +1535,7 @@ impl<T: Transport> RegionTask<T> {
         } = pending;
         let (reply_to, reply_id, local) = match reply {
             ReplyTo::Local(tx) => {
-                self.next_reply_id = self.next_reply_id.wrapping_add(1);
-                let reply_id = self.next_reply_id;
+                let reply_id = self.direct.next_reply_id.fetch_add(1, Ordering::Relaxed);
                 (self.self_id.address.clone(), reply_id, Some(tx))
             }
             ReplyTo::Remote { to, reply_id } => (to, reply_id, None),
@@ -1214,10 +1551,15 @@ impl<T: Transport> RegionTask<T> {
             },
         };
         ShardingCounters::incr(&self.counters.forwards_sent);
+        // Waiting before the frame leaves: the router may get the reply before this task
+        // runs again.
+        let waits = local.is_some();
+        if let Some(tx) = local {
+            lock_waiting(&self.waiting).insert(reply_id, tx);
+        }
         match send_frame(&*self.transport, to, &frame) {
             Ok(()) => {
-                if let Some(tx) = local {
-                    self.waiting.insert(reply_id, tx);
+                if waits {
                     // Later than the caller's own timeout, so the caller hears a timeout
                     // (outcome unknown) rather than a dropped answer.
                     self.deadlines.push_back((
@@ -1227,6 +1569,11 @@ impl<T: Transport> RegionTask<T> {
                 }
             }
             Err(error) => {
+                let local = if waits {
+                    lock_waiting(&self.waiting).remove(&reply_id)
+                } else {
+                    None
+                };
                 let failure = AskFailure::new(
                     FailureKind::Unavailable,
                     AskOutcome::NotApplied,
@@ -1262,9 +1609,7 @@ impl<T: Transport> RegionTask<T> {
         let answer = host.ask(&pending.entity_id, pending.payload);
         match pending.reply {
             ReplyTo::Local(tx) => {
-                tokio::spawn(async move {
-                    let _ = tx.send(answer.await);
-                });
+                let _ = tx.send(Answer::Pending(answer));
             }
             ReplyTo::Remote { to, reply_id } => {
                 let transport = self.transport.clone();
@@ -1572,11 +1917,31 @@ mod tests {
     fn a_frame_for_an_earlier_incarnation_of_this_node_is_dropped() {
         let (tx, mut rx) = mpsc::channel(4);
         let counters = Arc::new(ShardingCounters::default());
+        let send: SendFrame = Arc::new(|_: &Address, _: &ShardingFrame| Ok(()));
+        let waiting = Waiting::default();
+        let direct = Arc::new(DirectPath {
+            type_name: "account".into(),
+            host: None,
+            number_of_shards: 10,
+            routes: std::sync::RwLock::new(HashMap::new()),
+            queued_asks: AtomicU64::new(0),
+            queued_forwards: AtomicU64::new(0),
+            self_address: Address::new("10.0.0.1", 25520),
+            send: send.clone(),
+            waiting: waiting.clone(),
+            next_reply_id: AtomicU64::new(0),
+        });
+        let route = RegionRoute {
+            inputs: tx,
+            direct,
+            waiting,
+        };
         let router = Router {
             self_uid: 7,
-            regions: HashMap::from([("account".to_string(), tx)]),
+            regions: HashMap::from([("account".to_string(), route)]),
             coordinators: CoordinatorRoutes::default(),
             counters: counters.clone(),
+            send,
         };
         router.route(inbound_to_region(6));
         assert!(rx.try_recv().is_err());
