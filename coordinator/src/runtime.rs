@@ -248,8 +248,10 @@ struct RegionHandle {
 /// whose home is another known region (not handing off, nothing buffered), forwarded there.
 ///
 /// Invariants: `routes` changes only under the write lock, together with the region state
-/// it mirrors (the region task holds it while it handles anything but asks and forwarded
-/// commands), and a caller queues its command on the host, or sends it, under the read lock;
+/// it mirrors (the region task holds it while it handles whatever can change that state:
+/// the coordinator's messages, markers, stopped shards, shutdown, ticks and membership; see
+/// `RegionTask::take`), and a caller queues its command on the host, or sends it, under the
+/// read lock;
 /// so a command never reaches the host after the region began stopping its shard, nor
 /// leaves for a home after the region's handoff marker. `queued_asks` counts this node's
 /// asks sent to the region task and not yet handled there; a caller goes direct only when it

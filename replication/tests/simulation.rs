@@ -255,6 +255,17 @@ fn everything_at_once_on_five_nodes() {
     run(everything());
 }
 
+/// How many of the first `seeds` seeds of `scenario` show a violation.
+fn caught_on(scenario: &Scenario, seeds: u64) -> usize {
+    (0..seeds)
+        .filter(|&seed| {
+            let mut sim = Simulation::new(scenario.clone(), seed);
+            sim.run();
+            !sim.check().is_empty()
+        })
+        .count()
+}
+
 /// Runs a sabotaged scenario and returns how many seeds showed a violation.
 fn seeds_caught(sabotage: Sabotage) -> usize {
     let scenario = Scenario {
@@ -262,13 +273,7 @@ fn seeds_caught(sabotage: Sabotage) -> usize {
         sabotage,
         ..base("sabotaged")
     };
-    (0..200)
-        .filter(|&seed| {
-            let mut sim = Simulation::new(scenario.clone(), seed);
-            sim.run();
-            !sim.check().is_empty()
-        })
-        .count()
+    caught_on(&scenario, 200)
 }
 
 #[test]
@@ -301,13 +306,7 @@ fn promising_a_new_writer_during_a_read_lease_is_caught() {
         },
         ..base("sabotaged: leases ignored")
     };
-    let caught = (0..200)
-        .filter(|&seed| {
-            let mut sim = Simulation::new(scenario.clone(), seed);
-            sim.run();
-            !sim.check().is_empty()
-        })
-        .count();
+    let caught = caught_on(&scenario, 200);
     eprintln!("leases ignored: {caught} of 200 seeds caught");
     assert!(
         caught > 0,
@@ -326,13 +325,7 @@ fn promising_at_once_after_a_restart_is_caught() {
         },
         ..cut_off_and_restart_others()
     };
-    let caught = (0..seeds())
-        .filter(|&seed| {
-            let mut sim = Simulation::new(scenario.clone(), seed);
-            sim.run();
-            !sim.check().is_empty()
-        })
-        .count();
+    let caught = caught_on(&scenario, seeds());
     eprintln!(
         "no wait after a restart: {caught} of {} seeds caught",
         seeds()
@@ -358,13 +351,7 @@ fn a_repeated_seal_that_truncates_again_is_caught() {
         },
         ..base("sabotaged: repeated seals truncate")
     };
-    let caught = (0..200)
-        .filter(|&seed| {
-            let mut sim = Simulation::new(scenario.clone(), seed);
-            sim.run();
-            !sim.check().is_empty()
-        })
-        .count();
+    let caught = caught_on(&scenario, 200);
     assert!(caught > 0, "no seed showed the repeated seal's truncation");
 }
 
