@@ -251,9 +251,8 @@ struct RegionHandle {
 /// it mirrors (the region task holds it while it handles whatever can change that state:
 /// the coordinator's messages, markers, stopped shards, shutdown, ticks and membership; see
 /// `RegionTask::take`), and a caller queues its command on the host, or sends it, under the
-/// read lock;
-/// so a command never reaches the host after the region began stopping its shard, nor
-/// leaves for a home after the region's handoff marker. `queued_asks` counts this node's
+/// read lock; so a command never reaches the host after the region began stopping its shard,
+/// nor leaves for a home after the region's handoff marker. `queued_asks` counts this node's
 /// asks sent to the region task and not yet handled there; a caller goes direct only when it
 /// is zero, so an ask never overtakes an earlier one of the same caller. The router does the
 /// same for commands forwarded from other regions, counted in `queued_forwards`.
@@ -292,7 +291,49 @@ enum Direct {
     NotTaken(Vec<u8>),
 }
 
+/// The answer to a command that could not be forwarded: nothing was sent.
+fn unreachable_region(type_name: &str, entity_id: &str, to: &Address, error: &str) -> AskFailure {
+    AskFailure::new(
+        FailureKind::Unavailable,
+        AskOutcome::NotApplied,
+        format!("{type_name} {entity_id:?}: cannot reach the region at {to}: {error}"),
+    )
+}
+
 impl DirectPath {
+    /// Forwards a command of this node's caller to the region at `to`; its answer will go to
+    /// `reply`, registered under the returned reply id before the frame leaves (the router
+    /// may get the answer at once). When the frame cannot be sent, gives `reply` back with
+    /// the failure (always, as nothing else removes a waiter whose frame never left).
+    fn forward(
+        &self,
+        to: &Address,
+        shard: ShardId,
+        entity_id: &str,
+        payload: Vec<u8>,
+        reply: oneshot::Sender<Answer>,
+    ) -> Result<u64, (AskFailure, Option<oneshot::Sender<Answer>>)> {
+        let reply_id = self.next_reply_id.fetch_add(1, Ordering::Relaxed);
+        lock_waiting(&self.waiting).insert(reply_id, reply);
+        let frame = ShardingFrame::Forward {
+            type_name: self.type_name.clone(),
+            shard,
+            ask: RemoteAsk {
+                entity_id: entity_id.to_string(),
+                payload,
+                reply_to: self.self_address.clone(),
+                reply_id,
+            },
+        };
+        match (self.send)(to, &frame) {
+            Ok(()) => Ok(reply_id),
+            Err(error) => {
+                let failure = unreachable_region(&self.type_name, entity_id, to, &error);
+                Err((failure, lock_waiting(&self.waiting).remove(&reply_id)))
+            }
+        }
+    }
+
     /// The routes, unless a region task panicked while changing them: then none are used.
     fn read(&self) -> Option<std::sync::RwLockReadGuard<'_, HashMap<ShardId, DirectRoute>>> {
         self.routes.read().ok()
@@ -317,7 +358,6 @@ type SendFrame = Arc<dyn Fn(&Address, &ShardingFrame) -> Result<(), String> + Se
 struct RegionRoute {
     inputs: mpsc::Sender<RegionInput>,
     direct: Arc<DirectPath>,
-    waiting: Waiting,
 }
 
 /// The node's sharding runtime. See the module documentation.
@@ -412,7 +452,6 @@ impl<T: Transport> Sharding<T> {
                 Some(setup) => (Some(setup.store), Some(setup.notes)),
                 None => (None, None),
             };
-            let waiting: Waiting = Arc::default();
             let direct = Arc::new(DirectPath {
                 type_name: sharded.type_name.clone(),
                 host: sharded.host.clone(),
@@ -422,12 +461,11 @@ impl<T: Transport> Sharding<T> {
                 queued_forwards: AtomicU64::new(0),
                 self_address: transport.local().address.clone(),
                 send: send.clone(),
-                waiting: waiting.clone(),
+                waiting: Waiting::default(),
                 next_reply_id: AtomicU64::new(rand::random()),
             });
             let task = RegionTask {
                 type_name: sharded.type_name.clone(),
-                self_id: self_id.clone(),
                 region: ShardRegion::new(sharded.settings.clone(), self_id, hosts),
                 host: sharded.host,
                 direct: direct.clone(),
@@ -435,7 +473,6 @@ impl<T: Transport> Sharding<T> {
                 handoff_timeout: sharded.settings.handoff_timeout,
                 ask_timeout: settings.ask_timeout,
                 transport: transport.clone(),
-                waiting: waiting.clone(),
                 deadlines: VecDeque::new(),
                 shard_generations: HashMap::new(),
                 inputs: inputs_tx.clone(),
@@ -458,7 +495,6 @@ impl<T: Transport> Sharding<T> {
                 RegionRoute {
                     inputs: inputs_tx.clone(),
                     direct: direct.clone(),
-                    waiting,
                 },
             );
             regions.insert(
@@ -639,33 +675,10 @@ impl<T: Transport> Sharding<T> {
         match (routes.get(&shard), &direct.host) {
             (Some(DirectRoute::Local), Some(host)) => Direct::Local(host.ask(entity_id, payload)),
             (Some(DirectRoute::Remote(home)), _) => {
-                let reply_id = direct.next_reply_id.fetch_add(1, Ordering::Relaxed);
                 let (reply, answer) = oneshot::channel();
-                // Waiting before the frame leaves: the router may get the reply at once.
-                lock_waiting(&direct.waiting).insert(reply_id, reply);
-                let frame = ShardingFrame::Forward {
-                    type_name: direct.type_name.clone(),
-                    shard,
-                    ask: RemoteAsk {
-                        entity_id: entity_id.to_string(),
-                        payload,
-                        reply_to: direct.self_address.clone(),
-                        reply_id,
-                    },
-                };
-                match (direct.send)(home, &frame) {
-                    Ok(()) => Direct::Remote(answer, reply_id),
-                    Err(error) => {
-                        lock_waiting(&direct.waiting).remove(&reply_id);
-                        Direct::Failed(AskFailure::new(
-                            FailureKind::Unavailable,
-                            AskOutcome::NotApplied,
-                            format!(
-                                "{} {entity_id:?}: cannot reach the region at {home}: {error}",
-                                direct.type_name
-                            ),
-                        ))
-                    }
+                match direct.forward(home, shard, entity_id, payload, reply) {
+                    Ok(reply_id) => Direct::Remote(answer, reply_id),
+                    Err((failure, _)) => Direct::Failed(failure),
                 }
             }
             _ => Direct::NotTaken(payload),
@@ -838,7 +851,7 @@ impl Router {
             ShardingFrame::Reply {
                 reply_id, result, ..
             } => {
-                match lock_waiting(&region.waiting).remove(&reply_id) {
+                match lock_waiting(&region.direct.waiting).remove(&reply_id) {
                     Some(waiter) => {
                         let _ = waiter.send(Answer::Ready(result));
                     }
@@ -983,7 +996,6 @@ impl RememberChanges {
 
 struct RegionTask<T: Transport> {
     type_name: String,
-    self_id: UniqueAddress,
     region: ShardRegion<Pending>,
     host: Option<Arc<dyn ShardHost>>,
     direct: Arc<DirectPath>,
@@ -991,9 +1003,6 @@ struct RegionTask<T: Transport> {
     handoff_timeout: Duration,
     ask_timeout: Duration,
     transport: Arc<T>,
-    /// Callers on this node waiting for an answer from another node, by reply id (the router
-    /// hands them their answers).
-    waiting: Waiting,
     deadlines: VecDeque<(Instant, u64)>,
     /// Bumped each time a local shard starts or stops: a read of remembered entities started
     /// for one incarnation of the shard is ignored by any other.
@@ -1456,7 +1465,7 @@ impl<T: Transport> RegionTask<T> {
             }
             self.deadlines.pop_front();
             // The caller gave up at its own timeout; forget the slot.
-            lock_waiting(&self.waiting).remove(&reply_id);
+            lock_waiting(&self.direct.waiting).remove(&reply_id);
         }
     }
 
@@ -1535,63 +1544,47 @@ impl<T: Transport> RegionTask<T> {
             payload,
             reply,
         } = pending;
-        let (reply_to, reply_id, local) = match reply {
-            ReplyTo::Local(tx) => {
-                let reply_id = self.direct.next_reply_id.fetch_add(1, Ordering::Relaxed);
-                (self.self_id.address.clone(), reply_id, Some(tx))
-            }
-            ReplyTo::Remote { to, reply_id } => (to, reply_id, None),
-        };
-        let frame = ShardingFrame::Forward {
-            type_name: self.type_name.clone(),
-            shard,
-            ask: RemoteAsk {
-                entity_id: entity_id.clone(),
-                payload,
-                reply_to: reply_to.clone(),
-                reply_id,
-            },
-        };
         ShardingCounters::incr(&self.counters.forwards_sent);
-        // Waiting before the frame leaves: the router may get the reply before this task
-        // runs again.
-        let waits = local.is_some();
-        if let Some(tx) = local {
-            lock_waiting(&self.waiting).insert(reply_id, tx);
-        }
-        match send_frame(&*self.transport, to, &frame) {
-            Ok(()) => {
-                if waits {
+        match reply {
+            ReplyTo::Local(tx) => {
+                match self.direct.forward(to, shard, &entity_id, payload, tx) {
                     // Later than the caller's own timeout, so the caller hears a timeout
                     // (outcome unknown) rather than a dropped answer.
-                    self.deadlines.push_back((
+                    Ok(reply_id) => self.deadlines.push_back((
                         clock_now() + self.ask_timeout + Duration::from_secs(1),
                         reply_id,
-                    ));
+                    )),
+                    Err((failure, tx)) => {
+                        if let Some(tx) = tx {
+                            self.reply(ReplyTo::Local(tx), Err(failure));
+                        }
+                    }
                 }
             }
-            Err(error) => {
-                let local = if waits {
-                    lock_waiting(&self.waiting).remove(&reply_id)
-                } else {
-                    None
-                };
-                let failure = AskFailure::new(
-                    FailureKind::Unavailable,
-                    AskOutcome::NotApplied,
-                    format!(
-                        "{} {entity_id:?}: cannot reach the region at {to}: {error}",
-                        self.type_name
-                    ),
-                );
-                let reply = match local {
-                    Some(tx) => ReplyTo::Local(tx),
-                    None => ReplyTo::Remote {
-                        to: reply_to,
+            ReplyTo::Remote {
+                to: reply_to,
+                reply_id,
+            } => {
+                let frame = ShardingFrame::Forward {
+                    type_name: self.type_name.clone(),
+                    shard,
+                    ask: RemoteAsk {
+                        entity_id: entity_id.clone(),
+                        payload,
+                        reply_to: reply_to.clone(),
                         reply_id,
                     },
                 };
-                self.reply(reply, Err(failure));
+                if let Err(error) = send_frame(&*self.transport, to, &frame) {
+                    let failure = unreachable_region(&self.type_name, &entity_id, to, &error);
+                    self.reply(
+                        ReplyTo::Remote {
+                            to: reply_to,
+                            reply_id,
+                        },
+                        Err(failure),
+                    );
+                }
             }
         }
     }
@@ -1920,7 +1913,6 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(4);
         let counters = Arc::new(ShardingCounters::default());
         let send: SendFrame = Arc::new(|_: &Address, _: &ShardingFrame| Ok(()));
-        let waiting = Waiting::default();
         let direct = Arc::new(DirectPath {
             type_name: "account".into(),
             host: None,
@@ -1930,14 +1922,10 @@ mod tests {
             queued_forwards: AtomicU64::new(0),
             self_address: Address::new("10.0.0.1", 25520),
             send: send.clone(),
-            waiting: waiting.clone(),
+            waiting: Waiting::default(),
             next_reply_id: AtomicU64::new(0),
         });
-        let route = RegionRoute {
-            inputs: tx,
-            direct,
-            waiting,
-        };
+        let route = RegionRoute { inputs: tx, direct };
         let router = Router {
             self_uid: 7,
             regions: HashMap::from([("account".to_string(), route)]),

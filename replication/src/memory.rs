@@ -206,8 +206,7 @@ impl<P: Payload> MemoryLog<P> {
         now: Instant,
     ) -> Response<P> {
         if let Request::Prepare { epoch } = &request
-            && let Some(Reply::Leased(remaining)) =
-                rules.held_off(leases, log, self.meta.as_ref(), *epoch, now)
+            && let Some(remaining) = rules.held_off(leases, log, self.meta.as_ref(), *epoch, now)
         {
             return Response::Leased {
                 remaining_ms: remaining_ms(remaining),

@@ -190,14 +190,6 @@ impl Leases {
         }
         length
     }
-
-    /// The lease granted on `log`, if one runs at `now`.
-    pub fn running(&self, log: &str, now: Instant) -> Option<Lease> {
-        self.granted
-            .get(log)
-            .copied()
-            .filter(|lease| lease.until > now)
-    }
 }
 
 /// Everything a replica keeps of a log besides its entries; stored in one record.
@@ -371,7 +363,7 @@ impl Rules {
     }
 
     /// How much longer a `Prepare(epoch)` must wait for the read leases of `leases` (see
-    /// [`Leases::holds_off`]), as a reply; `None` when it may be decided now.
+    /// [`Leases::holds_off`]), `None` when it may be decided now.
     pub fn held_off(
         &self,
         leases: &mut Leases,
@@ -379,7 +371,7 @@ impl Rules {
         meta: Option<&LogMeta>,
         epoch: Epoch,
         now: Instant,
-    ) -> Option<Reply> {
+    ) -> Option<Duration> {
         if self.sabotage.ignore_leases {
             return None;
         }
@@ -388,9 +380,7 @@ impl Rules {
         } else {
             meta.map(|m| m.promise)
         };
-        leases
-            .holds_off(log, promise, epoch, now)
-            .map(Reply::Leased)
+        leases.holds_off(log, promise, epoch, now)
     }
 
     /// `Prepare(epoch)`: promise it unless a higher one was promised. A repeated prepare of

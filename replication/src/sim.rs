@@ -625,20 +625,14 @@ impl Simulation {
             }
             FaultKind::PartitionOneFromRest => {
                 let alone = pick(&mut self.rng);
-                for other in 0..self.nodes.len() {
-                    if other != alone {
-                        self.cut.insert((alone, other));
-                        self.cut.insert((other, alone));
-                    }
-                }
+                self.cut_off(alone);
                 self.schedule(how_long * 2, Event::Heal(Heal::Partition));
             }
             FaultKind::CutOffAndRestartOthers => {
                 let alone = pick(&mut self.rng);
+                self.cut_off(alone);
                 for other in 0..self.nodes.len() {
                     if other != alone {
-                        self.cut.insert((alone, other));
-                        self.cut.insert((other, alone));
                         self.nodes[other].down = true;
                         let restart = Duration::from_millis(self.rng.random_range(10..60));
                         self.schedule(restart, Event::Heal(Heal::Replica(other)));
@@ -713,6 +707,30 @@ impl Simulation {
                     self.flush(node);
                 }
             }
+        }
+    }
+
+    /// Cuts `alone` off from every other node, both ways.
+    fn cut_off(&mut self, alone: usize) {
+        for other in 0..self.nodes.len() {
+            if other != alone {
+                self.cut.insert((alone, other));
+                self.cut.insert((other, alone));
+            }
+        }
+    }
+
+    /// Starts a new writer on `node` if its last one stopped, as a client would: a promise
+    /// left above the log by a recovery that gave up fences a writer whose recovery went
+    /// without it, and its successor recovers above that promise.
+    fn replace_stopped_writer(&mut self, node: usize) {
+        if self.nodes[node]
+            .client
+            .writer
+            .as_ref()
+            .is_none_or(|w| w.is_stopped())
+        {
+            self.start_writer(node);
         }
     }
 
@@ -1207,16 +1225,8 @@ impl Simulation {
             if self.replays.len() > replays_before {
                 break;
             }
-            // A writer that stopped is replaced, as a client would: a promise left above the
-            // log by a recovery that gave up fences a writer whose recovery went without it.
-            if self.nodes[node]
-                .client
-                .writer
-                .as_ref()
-                .is_none_or(|w| w.is_stopped())
-                && self.nodes[node].client.reader.is_none()
-            {
-                self.start_writer(node);
+            if self.nodes[node].client.reader.is_none() {
+                self.replace_stopped_writer(node);
             }
             // A read that failed (its source answered late or not at all) is tried again.
             let client = &self.nodes[node].client;
@@ -1289,16 +1299,7 @@ impl Simulation {
         while self.now < deadline {
             let next = self.now + TICK;
             self.run_until(next, false);
-            // A writer fenced by a promise a given-up recovery left is replaced, as in the
-            // audit: its successor recovers above that promise.
-            if self.nodes[node]
-                .client
-                .writer
-                .as_ref()
-                .is_none_or(|w| w.is_stopped())
-            {
-                self.start_writer(node);
-            }
+            self.replace_stopped_writer(node);
             let status = self.nodes[node].client.writer.as_ref().map(|w| w.status());
             config = status.as_ref().and_then(|s| s.config.clone());
             // Every member caught up with the writer, too.

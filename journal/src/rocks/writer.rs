@@ -673,12 +673,13 @@ impl Writer {
             pid_num: log.map_or(0, |l| l.pid_num),
         };
         let before_ref = before.as_ref();
-        let now = Instant::now();
+        // The clock is read only for the requests leases concern: not for every append.
         if let Request::Prepare { epoch } = &request
-            && let Some(held) = rules.held_off(&mut self.leases, pid, before_ref, *epoch, now)
+            && let Some(held) =
+                rules.held_off(&mut self.leases, pid, before_ref, *epoch, Instant::now())
         {
             let summary = before.clone().unwrap_or_default().summary();
-            return Ok((held, summary, log.map(|l| l.pid_num)));
+            return Ok((Reply::Leased(held), summary, log.map(|l| l.pid_num)));
         }
         let mut lease = None;
         let Decision {
@@ -721,7 +722,7 @@ impl Writer {
         };
         if let (Some((epoch, requested)), Reply::Appended) = (lease, &reply) {
             // Granted as the confirmation is decided: a prepare staged after it sees it.
-            reply = Reply::Confirmed(self.leases.grant(pid, epoch, requested, now));
+            reply = Reply::Confirmed(self.leases.grant(pid, epoch, requested, Instant::now()));
         }
         let after = meta.clone().or(before).unwrap_or_default();
         if meta.is_none() && mutations.is_empty() {
