@@ -95,6 +95,10 @@ pub struct RegionView {
     pub members: BTreeSet<RegionId>,
     /// Where the coordinator runs (the singleton's node), if any member qualifies.
     pub coordinator: Option<RegionId>,
+    /// This node does not see itself Up yet (Joining or WeaklyUp): its region registers to
+    /// host shards only once it does. The coordinator may see it Up a gossip round earlier,
+    /// and a shard allocated then would run where the journal refuses to write.
+    pub self_joining: bool,
 }
 
 /// Counters for metrics and tests.
@@ -593,6 +597,7 @@ impl<M> ShardRegion<M> {
     pub fn membership(&mut self, view: RegionView, now: Instant) -> Vec<RegionOutput<M>> {
         let mut out = Vec::new();
         let coordinator_changed = view.coordinator != self.view.coordinator;
+        let now_up = self.view.self_joining && !view.self_joining;
         self.view = view;
         let members = &self.view.members;
         let me = &self.self_id;
@@ -604,12 +609,14 @@ impl<M> ShardRegion<M> {
             self.last_register = None;
             self.asked.clear();
             self.register(now, &mut out);
+        } else if now_up && !self.registered {
+            self.register(now, &mut out);
         }
         out
     }
 
     fn register(&mut self, now: Instant, out: &mut Vec<RegionOutput<M>>) {
-        if self.view.coordinator.is_none() {
+        if self.view.coordinator.is_none() || (self.hosts_shards && self.view.self_joining) {
             return;
         }
         self.last_register = Some(now);
@@ -707,6 +714,40 @@ mod tests {
     /// The owner stops a shard for a handoff while its own callers keep sending: their
     /// messages wait for the next home (they came after the owner's own acknowledgement) and
     /// the stop is answered; only messages of other regions would restart the old incarnation.
+    /// Found by `tests/sharding_process.rs` (a node joining under load): the coordinator
+    /// saw the new node Up a gossip round before the node did, gave it shards, and their
+    /// entities could not recover there ("not an Up member"). A hosting region registers
+    /// only once its own node sees itself Up.
+    #[test]
+    fn a_region_registers_to_host_only_once_its_node_sees_itself_up() {
+        let me = id(1);
+        let coordinator = id(9);
+        let t0 = Instant::now();
+        let view = |self_joining| RegionView {
+            members: [me.clone(), coordinator.clone()].into_iter().collect(),
+            coordinator: Some(coordinator.clone()),
+            self_joining,
+        };
+        let registers = |out: &[RegionOutput<u64>]| {
+            out.iter()
+                .any(|o| matches!(o, RegionOutput::ToCoordinator(ToCoordinator::Register)))
+        };
+        let mut region: ShardRegion<u64> = ShardRegion::new(settings(), me.clone(), true);
+        assert!(!registers(&region.membership(view(true), t0)));
+        assert!(!registers(&region.tick(t0 + Duration::from_secs(5))));
+        assert!(registers(
+            &region.membership(view(false), t0 + Duration::from_secs(6))
+        ));
+        // A proxy hosts nothing: it registers at once.
+        let mut proxy: ShardRegion<u64> = ShardRegion::new(settings(), me.clone(), false);
+        assert!(
+            proxy
+                .membership(view(true), t0)
+                .iter()
+                .any(|o| matches!(o, RegionOutput::ToCoordinator(ToCoordinator::RegisterProxy)))
+        );
+    }
+
     #[test]
     fn local_traffic_during_a_stop_waits_for_the_next_home() {
         let owner = id(1);
@@ -721,6 +762,7 @@ mod tests {
                     .into_iter()
                     .collect(),
                 coordinator: Some(coordinator.clone()),
+                self_joining: false,
             },
             t0,
         );

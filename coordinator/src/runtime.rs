@@ -1145,6 +1145,10 @@ impl<T: Transport> RegionTask<T> {
         let view = RegionView {
             members: live_members(snapshot),
             coordinator: singleton.oldest.clone(),
+            self_joining: matches!(
+                snapshot.self_status,
+                None | Some(MemberStatus::Joining | MemberStatus::WeaklyUp)
+            ),
         };
         let out = self.region.membership(view, clock_now());
         self.outputs(out);

@@ -622,6 +622,9 @@ impl Sim {
         RegionView {
             members,
             coordinator,
+            // The simulated membership gives a region its shards only once its own node
+            // is Up in the coordinator's view; the gossip lag behind that is not modelled.
+            self_joining: false,
         }
     }
 

@@ -231,6 +231,7 @@ impl Node {
         self.region_view = RegionView {
             members: members.clone(),
             coordinator,
+            self_joining: false,
         };
         let out = self.region.membership(self.region_view.clone(), now);
         self.run(Said::Region(out));
