@@ -97,16 +97,29 @@ pub fn seal_event(version: u8, key: &[u8], body: &[u8]) -> Vec<u8> {
     tessera_storage::seal_as_version(EVENT_RECORDS, version, key, body)
 }
 
-/// A log's `p` value: its number and (but for a store-format-1 value) its highest sequence
-/// number and deleted-to mark.
-pub fn decode_log_value(value: &[u8]) -> Option<(u64, Option<(u64, u64)>)> {
+/// A replica's progress in a log's `p` value: last entry (sequence number, epoch counter,
+/// epoch writer) and acknowledged mark.
+pub type LogProgress = (u64, u64, u64, u64);
+
+/// A decoded `p` value: number, (highest, deleted-to), progress.
+pub type LogValueParts = (u64, Option<(u64, u64)>, Option<LogProgress>);
+
+/// A log's `p` value: its number, (but for a store-format-1 value) its highest sequence
+/// number and deleted-to mark, and (for a replicated log) the replica's progress.
+pub fn decode_log_value(value: &[u8]) -> Option<LogValueParts> {
     let (pid_num, state) = keys::decode_log(value)?;
-    Some((pid_num, state.map(|s| (s.highest, s.deleted_to))))
+    let progress = keys::decode_log_progress(value)
+        .map(|p| (p.last.seq, p.last.epoch.counter, p.last.epoch.writer, p.lac));
+    Some((pid_num, state.map(|s| (s.highest, s.deleted_to)), progress))
 }
 
-/// The `p` value of log `pid_num` with `state` (highest, deleted-to), or of store format 1
-/// without.
-pub fn encode_log_value(pid_num: u64, state: Option<(u64, u64)>) -> Vec<u8> {
+/// The `p` value of log `pid_num` with `state` (highest, deleted-to) and a replica's
+/// `progress`, or of store format 1 without a state.
+pub fn encode_log_value(
+    pid_num: u64,
+    state: Option<(u64, u64)>,
+    progress: Option<LogProgress>,
+) -> Vec<u8> {
     match state {
         Some((highest, deleted_to)) => keys::encode_log(
             pid_num,
@@ -114,7 +127,15 @@ pub fn encode_log_value(pid_num: u64, state: Option<(u64, u64)>) -> Vec<u8> {
                 highest,
                 deleted_to,
             },
+            progress.map(|(seq, counter, writer, lac)| keys::ReplicaProgress {
+                last: tessera_replication::Position::new(
+                    seq,
+                    tessera_replication::Epoch { counter, writer },
+                ),
+                lac,
+            }),
         )
+        .as_slice()
         .to_vec(),
         None => pid_num.to_be_bytes().to_vec(),
     }

@@ -113,7 +113,7 @@ impl ReplicatedJournal {
             .collect();
         let config = answers
             .iter()
-            .filter_map(|(_, _, s)| s.as_ref().and_then(|s| s.config.clone()))
+            .filter_map(|(_, _, s)| s.as_ref().and_then(|s| s.config.as_deref().cloned()))
             .max_by_key(|c| c.rank());
         let replicas = config
             .as_ref()

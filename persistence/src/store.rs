@@ -228,7 +228,7 @@ impl ReplicaStore for MemoryReplicaStore {
             .filter_map(|(id, l)| {
                 l.meta
                     .as_ref()
-                    .and_then(|m| m.config.clone())
+                    .and_then(|m| m.config.as_deref().cloned())
                     .map(|c| (id.clone(), c))
             })
             .take(limit)

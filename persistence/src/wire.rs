@@ -101,17 +101,26 @@ impl ReplicaCalls {
 
     /// Encodes a batch of calls.
     pub fn encode_batch(calls: &[ReplicaCall]) -> Result<Vec<u8>, WireError> {
-        Ok(postcard::to_extend(calls, vec![BATCH_WIRE_FORMAT_VERSION])?)
+        // Sized at once (the estimate errs on the large side): grown as postcard writes, the
+        // buffer would copy the calls' entries several times over.
+        let capacity: usize = calls.iter().map(crate::caller::call_size_estimate).sum();
+        let mut buffer = Vec::with_capacity(capacity + 1);
+        buffer.push(BATCH_WIRE_FORMAT_VERSION);
+        Ok(postcard::to_extend(calls, buffer)?)
     }
 }
 
 /// Encodes the replies to a batch, in the order of its calls.
 pub fn encode_replies(replies: &[ReplicaReply]) -> Result<Vec<u8>, WireError> {
-    Ok(postcard::to_extend(
-        replies,
-        vec![BATCH_WIRE_FORMAT_VERSION],
-    )?)
+    // Batched calls have small answers (summaries): room for them at once.
+    let mut buffer = Vec::with_capacity(1 + SMALL_REPLY_CAPACITY_BYTES * replies.len());
+    buffer.push(BATCH_WIRE_FORMAT_VERSION);
+    Ok(postcard::to_extend(replies, buffer)?)
 }
+
+/// About the encoded size of a batched call's answer: a summary without a configuration,
+/// or a short failure.
+const SMALL_REPLY_CAPACITY_BYTES: usize = 64;
 
 /// Decodes the replies to a batch of `expected` calls.
 pub fn decode_replies(bytes: &[u8], expected: usize) -> Result<Vec<ReplicaReply>, WireError> {

@@ -65,6 +65,9 @@ const MAX_HANDLED_PER_FLUSH: usize = 256;
 /// Calls in one message to a node, at most (well below a replica service's in-flight
 /// limit, which a batch must fit).
 const MAX_BATCH_CALLS: usize = 512;
+/// Room a turn's message to a node starts with: under load a turn makes a few dozen calls
+/// to each node, and growing one call at a time would copy them again and again.
+const OUTBOX_INITIAL_CALLS: usize = 32;
 /// Estimated bytes of the calls in one message, at most (a quarter of the transport's
 /// default frame limit); a larger call travels alone.
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
@@ -235,6 +238,7 @@ pub(crate) fn start(
         serving_member: false,
         answers,
         outboxes: Vec::new(),
+        outputs: Vec::new(),
         next_op: 1,
         last_full_tick: Instant::now(),
     };
@@ -258,6 +262,8 @@ struct Actor {
     answers: mpsc::Sender<Vec<Answer>>,
     /// Calls made in this turn, per node, sent together at its end.
     outboxes: Vec<Outbox>,
+    /// The buffer a writer's outputs are taken into (kept, so taking them allocates nothing).
+    outputs: Vec<Output<StoredEvent>>,
     next_op: OpId,
     last_full_tick: Instant,
 }
@@ -374,9 +380,11 @@ impl Actor {
             outbox.calls.push(outgoing);
             return;
         }
+        let mut calls = Vec::with_capacity(OUTBOX_INITIAL_CALLS);
+        calls.push(outgoing);
         self.outboxes.push(Outbox {
             to,
-            calls: vec![outgoing],
+            calls,
             size_bytes,
         });
     }
@@ -727,7 +735,8 @@ impl Actor {
         let Some(slot) = self.slots.get_mut(id) else {
             return;
         };
-        let outputs = slot.writer.take_outputs();
+        let mut outputs = std::mem::take(&mut self.outputs);
+        slot.writer.move_outputs_into(&mut outputs);
         let counters = slot.writer.counters();
         let copied = counters.entries_copied - slot.counted.entries_copied;
         let moved = counters.reconfigurations - slot.counted.reconfigurations;
@@ -736,7 +745,7 @@ impl Actor {
         PersistenceMetrics::add(&self.metrics.entries_copied, copied);
         PersistenceMetrics::add(&self.metrics.reconfigurations, moved);
         let mut stopped = false;
-        for output in outputs {
+        for output in outputs.drain(..) {
             match output {
                 Output::Send {
                     id: request,
@@ -785,6 +794,7 @@ impl Actor {
                 }
             }
         }
+        self.outputs = outputs;
         // A writer announces `Ready` once, when it first serves; one that moves its log to
         // other members recovers again and then serves without a second `Ready`. Callers
         // that asked while it was moving wait in `waiting` and are answered here, or they

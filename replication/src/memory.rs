@@ -155,9 +155,12 @@ impl<P: Payload> MemoryLog<P> {
             } => rules.append(meta.as_ref(), self, epoch, prev, Vec::new(), lac, config),
         };
         let reply = self.apply(decision);
-        let summary = self
+        let mut summary = self
             .summary()
             .unwrap_or_else(|| LogMeta::default().summary());
+        if !reply.summary_has_config() {
+            summary.config = None;
+        }
         match reply {
             Reply::Promised => {
                 let (tail, tail_complete) = take_bounded(

@@ -4,6 +4,7 @@
 use crate::configuration::Configuration;
 use crate::epoch::{Epoch, Position};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// A configuration and the epoch of the writer that stored it on this replica. Every write a
 /// replica takes comes with (or after) its writer's configuration, so a replica holding any
@@ -62,8 +63,9 @@ pub struct LogSummary {
     pub lac: u64,
     /// Entries up to here are deleted; `base` is the last deleted one.
     pub base: Position,
-    /// The configuration of the latest writer whose writes it took, if any.
-    pub config: Option<ConfigAt>,
+    /// The configuration of the latest writer whose writes it took, if any (shared: it
+    /// changes seldom and goes with every summary).
+    pub config: Option<Arc<ConfigAt>>,
 }
 
 impl LogSummary {
@@ -161,6 +163,8 @@ pub enum Response<P> {
         tail_complete: bool,
     },
     /// To `Append`: stored; the log matches the writer's up to the request's last entry.
+    /// The summary leaves the configuration out (`config: None`): the writer that asked holds
+    /// it, and it would cost every write the members' addresses on the wire.
     Appended { summary: LogSummary },
     /// To `Seal`.
     Sealed { summary: LogSummary },
@@ -182,9 +186,9 @@ pub enum Response<P> {
     Mismatch { summary: LogSummary },
     /// The request was malformed (a gap in its entries, a seal beyond the log).
     Invalid { reason: String },
-    /// To `Confirm`: the mark is taken, as `Appended` says; the replica also granted a read
-    /// lease of `lease_ms` from when it took it (0: none, as when another writer already
-    /// waits for the log).
+    /// To `Confirm`: the mark is taken, as `Appended` says (and, as there, the summary
+    /// leaves the configuration out); the replica also granted a read lease of `lease_ms`
+    /// from when it took it (0: none, as when another writer already waits for the log).
     Confirmed { summary: LogSummary, lease_ms: u64 },
     /// To `Prepare`: not yet. This replica leased the log to its current writer for reads
     /// (or restarted less than a lease ago and so cannot know it did not): it promises

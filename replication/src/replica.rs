@@ -30,6 +30,7 @@ use crate::epoch::{Epoch, Position};
 use crate::message::{ConfigAt, Entry, LogSummary};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The longest read lease a replica grants (longer requests are cut to it), and so how long a
@@ -203,8 +204,9 @@ pub struct LogMeta {
     pub base: Position,
     /// The last entry held, or `base`.
     pub last: Position,
-    /// The configuration of the latest writer it took a write from.
-    pub config: Option<ConfigAt>,
+    /// The configuration of the latest writer it took a write from (shared: it changes
+    /// seldom, and the meta is copied with every write).
+    pub config: Option<Arc<ConfigAt>>,
 }
 
 impl Default for LogMeta {
@@ -235,6 +237,22 @@ impl LogMeta {
         }
     }
 
+    /// The summary that goes with `reply`: without the configuration for an append's or a
+    /// confirmation's (see [`crate::Response::Appended`]), whole for every other.
+    pub fn summary_for(&self, reply: &Reply) -> LogSummary {
+        if reply.summary_has_config() {
+            self.summary()
+        } else {
+            LogSummary {
+                promise: self.promise,
+                last: self.last,
+                lac: self.lac,
+                base: self.base,
+                config: None,
+            }
+        }
+    }
+
     /// Takes the writer's configuration along with a write of `epoch`; without one, the
     /// replica must already hold that epoch's. Returns false when the write must be refused.
     fn take_config(&mut self, epoch: Epoch, config: Option<Configuration>) -> bool {
@@ -246,7 +264,7 @@ impl LogMeta {
                     .as_ref()
                     .is_none_or(|c| c.rank() <= offered.rank())
                 {
-                    self.config = Some(offered);
+                    self.config = Some(Arc::new(offered));
                 }
                 true
             }
@@ -294,6 +312,14 @@ pub enum Reply {
     /// A confirmation taken (as an empty append), with the read lease granted for it (zero:
     /// none). The rules never decide this; a store answers it after [`Leases::grant`].
     Confirmed(Duration),
+}
+
+impl Reply {
+    /// Whether the summary answering this reply carries the log's configuration: every
+    /// answer's does but an append's and a confirmation's.
+    pub fn summary_has_config(&self) -> bool {
+        !matches!(self, Reply::Appended | Reply::Confirmed(_))
+    }
 }
 
 /// What to store and what to answer.
@@ -414,7 +440,7 @@ impl Rules {
         lac: u64,
         config: Option<Configuration>,
     ) -> Decision<P> {
-        let before = meta.cloned();
+        let before = meta;
         let mut meta = meta.cloned().unwrap_or_default();
         if let Some(fenced) = self.fenced(&meta, epoch) {
             return Decision::answer(fenced);
@@ -467,7 +493,7 @@ impl Rules {
         meta.promise = meta.promise.max(epoch);
         meta.lac = meta.lac.max(lac.min(matched_to));
         // An append that changes nothing (a probe, a repeat) needs no write.
-        let changed = before.as_ref() != Some(&meta);
+        let changed = before != Some(&meta);
         Decision {
             meta: changed.then_some(meta),
             mutations,
@@ -572,7 +598,7 @@ impl Rules {
             lac: base.seq,
             base,
             last: base,
-            config: Some(ConfigAt { epoch, config }),
+            config: Some(Arc::new(ConfigAt { epoch, config })),
         };
         Decision {
             meta: Some(meta),
@@ -1062,10 +1088,10 @@ mod tests {
         assert_eq!(log.apply(decision), Reply::Appended);
         assert_eq!(
             log.meta().config,
-            Some(ConfigAt {
+            Some(Arc::new(ConfigAt {
                 epoch: e2,
                 config: other
-            })
+            }))
         );
     }
 

@@ -856,7 +856,7 @@ impl Simulation {
             .log
             .meta
             .as_ref()
-            .and_then(|m| m.config.clone());
+            .and_then(|m| m.config.as_deref().cloned());
         // Half the writers start from their own replica's configuration, half locate.
         let known = if self.rng.random_bool(0.5) {
             known

@@ -84,8 +84,8 @@ pub fn journal_meta(data: &[u8]) {
     if let Some((pid_num, seq)) = journal::parse_event_key(data) {
         assert_eq!(event_key(pid_num, seq)[..], *data);
     }
-    if let Some((pid_num, state)) = journal::decode_log_value(data) {
-        assert_eq!(journal::encode_log_value(pid_num, state), data);
+    if let Some((pid_num, state, progress)) = journal::decode_log_value(data) {
+        assert_eq!(journal::encode_log_value(pid_num, state, progress), data);
     }
     if let Some((highest, deleted_to)) = journal::decode_log_state(data) {
         journal::legacy_replica_meta(highest, deleted_to).summary();
@@ -213,19 +213,20 @@ pub mod seeds {
             lac: 40,
             base: Position::new(10, Epoch::ZERO),
             last: Position::new(42, epoch),
-            config: Some(ConfigAt {
+            config: Some(std::sync::Arc::new(ConfigAt {
                 epoch,
                 config: Configuration {
                     version: 3,
                     members: vec![replica(1), replica(2), replica(3)],
                     previous: Some(vec![replica(1), replica(4)]),
                 },
-            }),
+            })),
         };
         let mut seeds = vec![
             event_key(9, 42).to_vec(),
-            journal::encode_log_value(9, None),
-            journal::encode_log_value(9, Some((42, 10))),
+            journal::encode_log_value(9, None, None),
+            journal::encode_log_value(9, Some((42, 10)), None),
+            journal::encode_log_value(9, Some((42, 10)), Some((41, 3, 77, 40))),
             journal::encode_counters(10, 3, 1_000),
         ];
         for meta in [

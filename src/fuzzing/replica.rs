@@ -291,10 +291,10 @@ pub mod seeds {
             last: Position::new(5, epoch(1)),
             lac: 3,
             base: Position::START,
-            config: Some(ConfigAt {
+            config: Some(std::sync::Arc::new(ConfigAt {
                 epoch: epoch(1),
                 config: configuration(),
-            }),
+            })),
         };
         let tail = vec![Entry {
             seq: 4,

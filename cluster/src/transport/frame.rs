@@ -112,10 +112,23 @@ impl FrameError {
 
 /// Encodes a frame payload: version byte, then postcard.
 pub fn encode(frame: &Frame) -> Result<Bytes, FrameError> {
-    let body =
-        postcard::to_extend(frame, vec![FRAME_FORMAT_VERSION]).map_err(FrameError::Encode)?;
+    // Sized for the payload at once: grown as postcard writes, the buffer would copy a
+    // large payload several times over.
+    let payload_bytes = match frame {
+        Frame::OneWay { payload, .. }
+        | Frame::Request { payload, .. }
+        | Frame::Response { payload, .. } => payload.len(),
+        _ => 0,
+    };
+    let mut buffer = Vec::with_capacity(FRAME_HEADER_CAPACITY_BYTES + payload_bytes);
+    buffer.push(FRAME_FORMAT_VERSION);
+    let body = postcard::to_extend(frame, buffer).map_err(FrameError::Encode)?;
     Ok(Bytes::from(body))
 }
+
+/// Room for everything of a frame but its payload: the version, the variant, ids, the
+/// payload's length, and a handshake's addresses and keys.
+const FRAME_HEADER_CAPACITY_BYTES: usize = 160;
 
 /// Decodes a frame payload; any byte string gives a frame or a typed error, never a panic.
 pub fn decode(payload: &[u8]) -> Result<Frame, FrameError> {

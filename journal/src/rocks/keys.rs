@@ -6,11 +6,13 @@
 //!   prefix bloom filter so that a replay's seek skips files without the log.
 //! - `tag_index`: `tag_num (u64 BE) ++ offset (u64 BE)` → `pid_num ++ sequence_nr`.
 //! - `meta`: small records distinguished by their first byte:
-//!   `p` ++ persistence id → pid_num ++ [`LogState`] (see [`encode_log`]); `n` ++ pid_num →
+//!   `p` ++ persistence id → pid_num ++ [`LogState`] (++ [`ReplicaProgress`] for a
+//!   replicated log; see [`encode_log`]); `n` ++ pid_num →
 //!   persistence id (also the persistence-id order); `t` ++ tag → tag_num; `d` ++ pid_num →
 //!   first sequence number not yet physically deleted (a deletion in progress); `c` →
 //!   [`Counters`]; `r` ++ pid_num → the replica state of a replicated log (a version byte and
-//!   the postcard of its `LogMeta`); `#storage_id` → this store's replica id (u64 BE);
+//!   the postcard of its `LogMeta`, whose last entry and acknowledged mark the `p` value's
+//!   progress overrides when it has one); `#storage_id` → this store's replica id (u64 BE);
 //!   `format_version` → the store format (u32 BE).
 //!
 //! Store format 1 kept a log's state apart, under `s` ++ pid_num, with the `p` value holding
@@ -20,6 +22,8 @@
 //!
 //! Persistence ids and tags are mapped to numbers so that the hot keys stay 16 bytes whatever
 //! the names' lengths.
+
+use tessera_replication::{Epoch, Position};
 
 pub(crate) const CF_EVENTS: &str = "events";
 pub(crate) const CF_TAG_INDEX: &str = "tag_index";
@@ -159,24 +163,84 @@ impl LogState {
     }
 }
 
-/// The `p` value of log `pid_num` in `state`.
-pub(crate) fn encode_log(pid_num: u64, state: LogState) -> [u8; 24] {
-    let mut out = [0u8; 24];
-    out[..8].copy_from_slice(&pid_num.to_be_bytes());
-    out[8..].copy_from_slice(&state.encode());
-    out
+/// Where a replica's copy of a replicated log stands: its last entry and its acknowledged
+/// mark. The two parts of the replica state that change with every write, kept in the log's
+/// `p` value (written with every write anyway) rather than in the replica state record,
+/// which is then rewritten only when the promise, the deleted prefix or the configuration
+/// changes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaProgress {
+    pub last: Position,
+    pub lac: u64,
+}
+
+/// Bytes of a `p` value with a replica's progress: number, state, last entry (sequence
+/// number, epoch counter, epoch writer), acknowledged mark.
+const LOG_VALUE_WITH_PROGRESS_BYTES: usize = 56;
+
+/// An encoded `p` value.
+pub(crate) struct LogValue {
+    bytes: [u8; LOG_VALUE_WITH_PROGRESS_BYTES],
+    len: usize,
+}
+
+impl LogValue {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The `p` value of log `pid_num` in `state`, with the replica's progress for a replicated
+/// log (24 bytes without, 56 with).
+pub(crate) fn encode_log(
+    pid_num: u64,
+    state: LogState,
+    progress: Option<ReplicaProgress>,
+) -> LogValue {
+    let mut bytes = [0u8; LOG_VALUE_WITH_PROGRESS_BYTES];
+    bytes[..8].copy_from_slice(&pid_num.to_be_bytes());
+    bytes[8..24].copy_from_slice(&state.encode());
+    let len = match progress {
+        None => 24,
+        Some(progress) => {
+            bytes[24..32].copy_from_slice(&progress.last.seq.to_be_bytes());
+            bytes[32..40].copy_from_slice(&progress.last.epoch.counter.to_be_bytes());
+            bytes[40..48].copy_from_slice(&progress.last.epoch.writer.to_be_bytes());
+            bytes[48..56].copy_from_slice(&progress.lac.to_be_bytes());
+            LOG_VALUE_WITH_PROGRESS_BYTES
+        }
+    };
+    LogValue { bytes, len }
 }
 
 /// A `p` value: the log's number and, but for a format-1 value, its state.
 pub(crate) fn decode_log(value: &[u8]) -> Option<(u64, Option<LogState>)> {
     match value.len() {
         8 => Some((decode_u64(value)?, None)),
-        24 => Some((
+        24 | LOG_VALUE_WITH_PROGRESS_BYTES => Some((
             decode_u64(&value[..8])?,
-            Some(LogState::decode(&value[8..])?),
+            Some(LogState::decode(&value[8..24])?),
         )),
         _ => None,
     }
+}
+
+/// The replica's progress a `p` value carries, if it has one (a replicated log written by
+/// store format 6 or later).
+pub(crate) fn decode_log_progress(value: &[u8]) -> Option<ReplicaProgress> {
+    if value.len() != LOG_VALUE_WITH_PROGRESS_BYTES {
+        return None;
+    }
+    Some(ReplicaProgress {
+        last: Position::new(
+            decode_u64(&value[24..32])?,
+            Epoch {
+                counter: decode_u64(&value[32..40])?,
+                writer: decode_u64(&value[40..48])?,
+            },
+        ),
+        lac: decode_u64(&value[48..56])?,
+    })
 }
 
 /// Journal-wide counters handing out numbers; written in every batch that takes one.
@@ -275,9 +339,24 @@ mod tests {
             highest: 10,
             deleted_to: 4,
         };
-        assert_eq!(decode_log(&encode_log(7, state)), Some((7, Some(state))));
+        let plain = encode_log(7, state, None);
+        assert_eq!(decode_log(plain.as_slice()), Some((7, Some(state))));
+        assert_eq!(decode_log_progress(plain.as_slice()), None);
+        let progress = ReplicaProgress {
+            last: Position::new(
+                9,
+                Epoch {
+                    counter: 3,
+                    writer: u64::MAX - 1,
+                },
+            ),
+            lac: 8,
+        };
+        let replicated = encode_log(7, state, Some(progress));
+        assert_eq!(decode_log(replicated.as_slice()), Some((7, Some(state))));
+        assert_eq!(decode_log_progress(replicated.as_slice()), Some(progress));
         assert_eq!(decode_log(&7u64.to_be_bytes()), Some((7, None)));
-        for len in [0, 7, 9, 16, 23, 25] {
+        for len in [0, 7, 9, 16, 23, 25, 55, 57] {
             assert_eq!(decode_log(&vec![1u8; len]), None, "{len} bytes");
         }
     }

@@ -46,7 +46,12 @@ pub fn event_key(pid_num: u64, sequence_nr: u64) -> [u8; 16] {
 /// - 5: events also in record format 4 (the entry's epoch in front), and the replica state of
 ///   replicated logs. A release of store format 4 could neither read those records nor keep
 ///   a replica's promises: marked 5, the store is refused by it at open.
-pub const STORE_FORMAT_VERSION: u32 = 5;
+/// - 6: a replicated log's `p` value also carries the replica's last entry and acknowledged
+///   mark (`keys::ReplicaProgress`), and its replica state record is rewritten only when the
+///   promise, the deleted prefix or the configuration changes. A release of store format 5
+///   would find those values malformed, and read stale marks from the replica state records:
+///   marked 6, the store is refused by it at open.
+pub const STORE_FORMAT_VERSION: u32 = 6;
 
 /// What the writer, the readers and the handle share.
 pub(crate) struct Shared {

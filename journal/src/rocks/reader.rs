@@ -38,6 +38,9 @@ pub(crate) struct Log {
     pub state: LogState,
     /// Its state is a store-format-1 record of its own, to be replaced at the next write.
     pub legacy_state: bool,
+    /// Where this replica's copy stands, for a replicated log written by store format 6 or
+    /// later (it overrides the replica state record's last entry and mark).
+    pub progress: Option<keys::ReplicaProgress>,
 }
 
 /// The number and state of a log, `None` if it was never written: one lookup, more for a log
@@ -77,6 +80,7 @@ fn read_log<'db>(
         return Ok(None);
     };
     let (pid_num, state) = keys::decode_log(&value).ok_or_else(|| corrupt("record"))?;
+    let progress = keys::decode_log_progress(&value);
     let (state, legacy_state) = match state {
         Some(state) => (state, false),
         None => match get(&keys::legacy_state_key(pid_num))? {
@@ -91,6 +95,7 @@ fn read_log<'db>(
         pid_num,
         state,
         legacy_state,
+        progress,
     }))
 }
 

@@ -10,7 +10,7 @@
 
 use super::Shared;
 use super::keys::{self, CF_EVENTS, CF_META, LogState, REPLICA_META_VERSION, pair_key};
-use super::reader;
+use super::reader::{self, Log};
 use crate::entry::StoredEvent;
 use crate::error::JournalError;
 use crate::record::{self, EventDecoder};
@@ -22,6 +22,9 @@ use tessera_replication::{ConfigAt, Entry, Epoch, LogSummary, Position};
 pub(crate) const MAX_TAIL_ENTRIES: usize = 1_000;
 /// Payload bytes a promise's tail carries at most.
 pub(crate) const MAX_TAIL_BYTES: usize = 1024 * 1024;
+
+/// The buffer a replica state is encoded into starts this large.
+const META_CAPACITY_BYTES: usize = 256;
 
 /// Decodes a stored replica state.
 pub(crate) fn decode_meta(value: &[u8]) -> Result<LogMeta, JournalError> {
@@ -37,7 +40,11 @@ pub(crate) fn decode_meta(value: &[u8]) -> Result<LogMeta, JournalError> {
 
 /// Encodes a replica state for storage.
 pub(crate) fn encode_meta(meta: &LogMeta) -> Result<Vec<u8>, JournalError> {
-    postcard::to_extend(meta, vec![REPLICA_META_VERSION])
+    // Room for a three-member configuration at once: growing the buffer as postcard
+    // writes would copy it several times for every append.
+    let mut buffer = Vec::with_capacity(META_CAPACITY_BYTES);
+    buffer.push(REPLICA_META_VERSION);
+    postcard::to_extend(meta, buffer)
         .map_err(|e| JournalError::CorruptMetadata(format!("cannot encode a replica state: {e}")))
 }
 
@@ -57,16 +64,12 @@ pub(crate) fn legacy_meta(state: LogState) -> LogMeta {
     }
 }
 
-/// The replica state of log `pid_num` (whose journal state is `state`), from the database.
-pub(crate) fn meta_of(
-    shared: &Shared,
-    pid_num: u64,
-    state: LogState,
-) -> Result<Option<LogMeta>, JournalError> {
+/// The replica state of `log`, from the database.
+pub(crate) fn meta_of(shared: &Shared, log: &Log) -> Result<Option<LogMeta>, JournalError> {
     let stored = shared
         .db
-        .get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(pid_num))?;
-    meta_from(stored.as_deref(), state)
+        .get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(log.pid_num))?;
+    meta_from(stored.as_deref(), log)
 }
 
 /// The replica record of log `pid_num`, if it has one.
@@ -78,22 +81,30 @@ pub(crate) fn stored_meta(shared: &Shared, pid_num: u64) -> Result<Option<LogMet
         .transpose()
 }
 
-/// A log's replica state from its replica record, or, without one, as a log written before
-/// replication with journal state `state` reads.
-pub(crate) fn meta_or_legacy(stored: Option<LogMeta>, state: LogState) -> Option<LogMeta> {
+/// A log's replica state from its replica record (`stored`) and the progress its log record
+/// carries, or, without a replica record, as a log written before replication reads.
+pub(crate) fn meta_or_legacy(stored: Option<LogMeta>, log: &Log) -> Option<LogMeta> {
     match stored {
-        Some(meta) => Some(meta),
-        None if state.highest > 0 => Some(legacy_meta(state)),
+        Some(meta) => Some(with_progress(meta, log)),
+        None if log.state.highest > 0 => Some(legacy_meta(log.state)),
         None => None,
     }
 }
 
-fn meta_from(stored: Option<&[u8]>, state: LogState) -> Result<Option<LogMeta>, JournalError> {
-    match stored {
-        Some(value) => decode_meta(value).map(Some),
-        None if state.highest > 0 => Ok(Some(legacy_meta(state))),
-        None => Ok(None),
+fn meta_from(stored: Option<&[u8]>, log: &Log) -> Result<Option<LogMeta>, JournalError> {
+    let stored = stored.map(decode_meta).transpose()?;
+    Ok(meta_or_legacy(stored, log))
+}
+
+/// The replica record's state with the log record's progress, which is at least as recent:
+/// every write of the replica record writes the log record too (see
+/// [`keys::ReplicaProgress`]).
+fn with_progress(mut meta: LogMeta, log: &Log) -> LogMeta {
+    if let Some(progress) = log.progress {
+        meta.last = progress.last;
+        meta.lac = progress.lac;
     }
+    meta
 }
 
 /// A `Read`: entries `from..=to` above the deleted prefix (at most `max_entries` and, beyond
@@ -114,7 +125,7 @@ pub(crate) fn read(
         return Ok((Vec::new(), LogMeta::default().summary()));
     };
     let stored = snapshot.get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(log.pid_num))?;
-    let Some(meta) = meta_from(stored.as_deref(), log.state)? else {
+    let Some(meta) = meta_from(stored.as_deref(), &log)? else {
         return Ok((Vec::new(), LogMeta::default().summary()));
     };
     let mut options = rocksdb::ReadOptions::default();
@@ -235,7 +246,7 @@ pub(crate) fn replica_of(
     let Some(log) = reader::log_of(shared, persistence_id)? else {
         return Ok(None);
     };
-    Ok(meta_of(shared, log.pid_num, log.state)?.map(|meta| (log.pid_num, meta)))
+    Ok(meta_of(shared, &log)?.map(|meta| (log.pid_num, meta)))
 }
 
 /// The summary of a log held here, for `Locate`.
@@ -274,7 +285,10 @@ pub(crate) fn logs(
             break;
         };
         if let Some(config) = decode_meta(value)?.config {
-            found.push((reader::pid_name(shared, pid_num)?.to_string(), config));
+            found.push((
+                reader::pid_name(shared, pid_num)?.to_string(),
+                std::sync::Arc::unwrap_or_clone(config),
+            ));
         }
         iter.next();
     }

@@ -141,3 +141,140 @@ async fn each_synced_group_commit_is_timed_and_unsynced_ones_are_not() {
     let text = tessera_metrics::to_text(NAME, unsynced.fsync_durations());
     assert_eq!(tessera_metrics::count_in(&text, NAME), 0, "{text}");
 }
+
+mod replica_progress {
+    use super::super::keys::{self, CF_META};
+    use super::super::{RocksJournal, replica};
+    use crate::{FsyncPolicy, JournalConfig, StoredEvent};
+    use bytes::Bytes;
+    use tessera_cluster::Address;
+    use tessera_replication::{
+        Configuration, Entry, Epoch, LogSummary, Position, ReplicaId, Request, Response,
+    };
+
+    const LOG: &str = "account|x";
+
+    async fn open(dir: &std::path::Path) -> RocksJournal {
+        let mut config = JournalConfig::new(dir);
+        config.fsync = FsyncPolicy::Never;
+        config.replica_restart_wait = std::time::Duration::ZERO;
+        RocksJournal::open(config).await.unwrap()
+    }
+
+    fn entry(seq: u64, epoch: Epoch) -> Entry<StoredEvent> {
+        Entry {
+            seq,
+            epoch,
+            payload: StoredEvent {
+                timestamp_ms: 1,
+                writer_id: "w".into(),
+                manifest: "m".into(),
+                manifest_version: 1,
+                payload: Bytes::from(vec![seq as u8]),
+                tags: Vec::new(),
+            },
+        }
+    }
+
+    async fn located(journal: &RocksJournal) -> LogSummary {
+        match journal.replica_apply(LOG, Request::Locate).await.unwrap() {
+            Response::Located {
+                summary: Some(summary),
+                ..
+            } => summary,
+            other => panic!("Locate answered {other:?}"),
+        }
+    }
+
+    async fn append(journal: &RocksJournal, epoch: Epoch, prev: u64, seqs: &[u64], lac: u64) {
+        let config = Configuration::new(1, vec![ReplicaId::new(Address::new("a", 1), 1)]);
+        let request = Request::Append {
+            epoch,
+            prev: Position::new(prev, if prev == 0 { Epoch::ZERO } else { epoch }),
+            entries: seqs.iter().map(|&seq| entry(seq, epoch)).collect(),
+            lac,
+            config: (prev == 0).then_some(config),
+        };
+        let answer = journal.replica_apply(LOG, request).await.unwrap();
+        assert!(
+            matches!(answer, Response::Appended { .. }),
+            "append after {prev}: {answer:?}"
+        );
+    }
+
+    /// A replica's last entry and mark travel in the log record with every write; the
+    /// replica record keeps the rest. A store of format 5 has them only in the replica
+    /// record (and a log record without progress): it reads them from there, and its next
+    /// write moves them to the log record.
+    #[tokio::test]
+    async fn a_replicas_progress_is_read_from_either_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let epoch = Epoch {
+            counter: 1,
+            writer: 7,
+        };
+        let journal = open(dir.path()).await;
+        let prepared = journal
+            .replica_apply(LOG, Request::Prepare { epoch })
+            .await
+            .unwrap();
+        assert!(
+            matches!(prepared, Response::Promised { .. }),
+            "{prepared:?}"
+        );
+        append(&journal, epoch, 0, &[1, 2, 3], 0).await;
+        append(&journal, epoch, 3, &[4], 3).await;
+        let written = located(&journal).await;
+        assert_eq!((written.last, written.lac), (Position::new(4, epoch), 3));
+        assert!(written.config.is_some());
+
+        // The replica record was written with the first append only: its own last entry
+        // and mark are those of then, the log record's are current.
+        let shared = journal.shared.clone();
+        let log = super::super::reader::log_of(&shared, LOG).unwrap().unwrap();
+        let stored = replica::stored_meta(&shared, log.pid_num).unwrap().unwrap();
+        assert_eq!((stored.last, stored.lac), (Position::new(3, epoch), 0));
+        assert_eq!(
+            log.progress,
+            Some(keys::ReplicaProgress {
+                last: Position::new(4, epoch),
+                lac: 3
+            })
+        );
+
+        // As store format 5 left it: the whole state in the replica record, a log record
+        // without progress.
+        let mut format_5 = replica::meta_or_legacy(Some(stored), &log).unwrap();
+        assert_eq!((format_5.last, format_5.lac), (Position::new(4, epoch), 3));
+        format_5.lac = 2;
+        let meta_cf = shared.cf(CF_META).unwrap();
+        shared
+            .db
+            .put_cf(
+                meta_cf,
+                keys::replica_key(log.pid_num),
+                replica::encode_meta(&format_5).unwrap(),
+            )
+            .unwrap();
+        shared
+            .db
+            .put_cf(
+                meta_cf,
+                keys::pid_key(LOG),
+                keys::encode_log(log.pid_num, log.state, None).as_slice(),
+            )
+            .unwrap();
+        drop(shared);
+        journal.close().await;
+
+        let journal = open(dir.path()).await;
+        let reopened = located(&journal).await;
+        assert_eq!((reopened.last, reopened.lac), (Position::new(4, epoch), 2));
+        append(&journal, epoch, 4, &[5], 4).await;
+        journal.close().await;
+        let journal = open(dir.path()).await;
+        let after = located(&journal).await;
+        assert_eq!((after.last, after.lac), (Position::new(5, epoch), 4));
+        assert_eq!(after.config, written.config);
+    }
+}

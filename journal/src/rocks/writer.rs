@@ -15,8 +15,8 @@
 
 use super::Shared;
 use super::keys::{
-    self, CF_EVENTS, CF_META, CF_TAG_INDEX, COUNTERS_KEY, Counters, LogState, pair_key,
-    pair_upper_bound,
+    self, CF_EVENTS, CF_META, CF_TAG_INDEX, COUNTERS_KEY, Counters, LogState, ReplicaProgress,
+    pair_key, pair_upper_bound,
 };
 use super::reader;
 use super::recent::Recent;
@@ -313,11 +313,20 @@ fn put_log(batch: &mut WriteBatch, meta: &rocksdb::ColumnFamily, pid: &str, log:
     batch.put_cf(
         meta,
         keys::pid_key(pid),
-        keys::encode_log(log.pid_num, log.state),
+        keys::encode_log(log.pid_num, log.state, log.progress).as_slice(),
     );
     if log.legacy_state {
         batch.delete_cf(meta, keys::legacy_state_key(log.pid_num));
         log.legacy_state = false;
+    }
+}
+
+/// The summary answering `reply` for a log whose replica state is `meta` (none: a log this
+/// replica does not hold).
+fn summary_for(reply: &Reply, meta: Option<&LogMeta>) -> LogSummary {
+    match meta {
+        Some(meta) => meta.summary_for(reply),
+        None => LogMeta::default().summary(),
     }
 }
 
@@ -457,7 +466,14 @@ impl Writer {
         // Logs changed in this batch, by a hash of their name: a collision only starts a
         // new batch early.
         let mut touched: HashSet<u64> = HashSet::new();
-        let mut items = Vec::with_capacity(group.len());
+        let item_count = group
+            .iter()
+            .map(|request| match request {
+                WriterRequest::Replicas { requests, .. } => requests.len(),
+                _ => 1,
+            })
+            .sum();
+        let mut items = Vec::with_capacity(item_count);
         for request in group {
             match request {
                 WriterRequest::Replicas { requests, reply } => {
@@ -483,6 +499,7 @@ impl Writer {
                 other => items.push(Item::Other(other)),
             }
         }
+        replicas.reserve(items.len());
         for item in items {
             let (pid, is_replica) = match &item {
                 Item::Replica(pid, ..) => (Some(pid.as_str()), true),
@@ -661,10 +678,15 @@ impl Writer {
         request: Request<StoredEvent>,
     ) -> Result<(Reply, LogSummary, Option<u64>), JournalError> {
         let log = self.find_log(staged, pid)?;
-        let before = match &log {
-            Some(log) => self.find_replica(log)?,
+        // The replica record as stored (its last entry and mark may be older than the log
+        // record's progress), and the replica state the rules decide on.
+        let stored = match &log {
+            Some(log) => self.find_replica_record(log.pid_num)?,
             None => None,
         };
+        let before = log
+            .as_ref()
+            .and_then(|log| replica::meta_or_legacy(stored.clone(), log));
         let rules = Rules::default();
         // Log number 0 is never given out: a log not held here has no entries to look up.
         let epochs = replica::StoredEpochs {
@@ -678,8 +700,9 @@ impl Writer {
             && let Some(held) =
                 rules.held_off(&mut self.leases, pid, before_ref, *epoch, Instant::now())
         {
-            let summary = before.clone().unwrap_or_default().summary();
-            return Ok((Reply::Leased(held), summary, log.map(|l| l.pid_num)));
+            let reply = Reply::Leased(held);
+            let summary = summary_for(&reply, before_ref);
+            return Ok((reply, summary, log.map(|l| l.pid_num)));
         }
         let mut lease = None;
         let Decision {
@@ -724,15 +747,16 @@ impl Writer {
             // Granted as the confirmation is decided: a prepare staged after it sees it.
             reply = Reply::Confirmed(self.leases.grant(pid, epoch, requested, Instant::now()));
         }
-        let after = meta.clone().or(before).unwrap_or_default();
+        let summary = summary_for(&reply, meta.as_ref().or(before_ref));
         if meta.is_none() && mutations.is_empty() {
-            return Ok((reply, after.summary(), log.map(|l| l.pid_num)));
+            return Ok((reply, summary, log.map(|l| l.pid_num)));
         }
         // Everything that can fail happens before the first change reaches the batch.
         let mut counters = staged.counters;
         let mut new_tags: Vec<(String, u64)> = Vec::new();
         let mut deletions = Vec::new();
-        let mut ops = Vec::new();
+        // An entry, its tag-index entries, a new log's name, the replica state.
+        let mut ops = Vec::with_capacity(mutations.len() + 2);
         let mut log = match log {
             Some(log) => log,
             None => {
@@ -747,6 +771,7 @@ impl Writer {
                     pid_num,
                     state: LogState::default(),
                     legacy_state: false,
+                    progress: None,
                 }
             }
         };
@@ -857,14 +882,30 @@ impl Writer {
                 }
             }
         }
-        if let Some(meta) = &meta {
-            ops.push(Op::Put(
-                CF_META,
-                keys::replica_key(log.pid_num),
-                replica::encode_meta(meta)?,
-            ));
-            staged.replicas.push((log.pid_num, meta.clone()));
-        }
+        let staged_meta = match meta {
+            Some(meta) => {
+                // The log record carries the last entry and the mark with every write; the
+                // replica record is rewritten only when the rest of the state changes.
+                let record_current = stored.as_ref().is_some_and(|stored| {
+                    stored.promise == meta.promise
+                        && stored.base == meta.base
+                        && stored.config == meta.config
+                });
+                if !record_current {
+                    ops.push(Op::Put(
+                        CF_META,
+                        keys::replica_key(log.pid_num),
+                        replica::encode_meta(&meta)?,
+                    ));
+                }
+                log.progress = Some(ReplicaProgress {
+                    last: meta.last,
+                    lac: meta.lac,
+                });
+                Some(meta)
+            }
+            None => None,
+        };
         // From here on nothing fails.
         for op in ops {
             match op {
@@ -880,10 +921,13 @@ impl Writer {
             staged.tags.insert(tag, num);
         }
         staged.deletions.extend(deletions);
+        if let Some(meta) = staged_meta {
+            staged.replicas.push((log.pid_num, meta));
+        }
         put_log(batch, self.shared.cf(CF_META)?, pid, &mut log);
         let pid_num = log.pid_num;
         staged.logs.insert(pid.to_string(), log);
-        Ok((reply, after.summary(), Some(pid_num)))
+        Ok((reply, summary, Some(pid_num)))
     }
 
     /// Removes a replica's entries from `seq` on, with their tag-index entries (read from the
@@ -971,18 +1015,18 @@ impl Writer {
         Ok(found)
     }
 
-    /// The replica state of a log held here: cached, or read from RocksDB. A log without a
-    /// replica record (written before replication) reads as its current state says.
-    fn find_replica(&mut self, log: &CachedLog) -> Result<Option<LogMeta>, JournalError> {
-        let stored = match self.replicas.get(&log.pid_num) {
-            Some(stored) => stored,
+    /// The replica record of log `pid_num`: cached, or read from RocksDB. The cache may hold
+    /// a later last entry and mark than the stored record (the log record's progress
+    /// overrides both anyway), never another promise, deleted prefix or configuration.
+    fn find_replica_record(&mut self, pid_num: u64) -> Result<Option<LogMeta>, JournalError> {
+        match self.replicas.get(&pid_num) {
+            Some(stored) => Ok(stored),
             None => {
-                let stored = replica::stored_meta(&self.shared, log.pid_num)?;
-                self.replicas.insert(log.pid_num, stored.clone());
-                stored
+                let stored = replica::stored_meta(&self.shared, pid_num)?;
+                self.replicas.insert(pid_num, stored.clone());
+                Ok(stored)
             }
-        };
-        Ok(replica::meta_or_legacy(stored, log.state))
+        }
     }
 
     /// The tag's number: cached or read from RocksDB (tags numbered in the current group are
@@ -1057,6 +1101,7 @@ impl Writer {
                     pid_num,
                     state: LogState::default(),
                     legacy_state: false,
+                    progress: None,
                 }
             }
         };

@@ -366,6 +366,13 @@ impl<P: Payload> LogWriter<P> {
         std::mem::take(&mut self.out)
     }
 
+    /// Moves what it produced onto the end of `into`, as [`LogWriter::take_outputs`] does,
+    /// keeping both buffers' room: a caller that drains every writer after each event
+    /// allocates nothing for it.
+    pub fn move_outputs_into(&mut self, into: &mut Vec<Output<P>>) {
+        into.append(&mut self.out);
+    }
+
     /// What it counted so far.
     pub fn counters(&self) -> WriterCounters {
         self.counters

@@ -223,25 +223,36 @@ impl<P: Payload> Serving<P> {
         let last_seq = first_seq + entries.len() as u64 - 1;
         let in_sync = self.in_sync();
         self.last = Position::new(last_seq, self.epoch);
-        for entry in &entries {
+        // Each idle in-sync member gets the entries; the last of them takes the writer's own
+        // copy, the window keeps one more.
+        let idle: Vec<ReplicaId> = in_sync
+            .into_iter()
+            .filter(|member| self.followers.get(member).is_some_and(|f| f.is_idle()))
+            .collect();
+        let mut copies = idle.len();
+        let mut entries = Some(entries);
+        for entry in entries.iter().flatten() {
             self.window.insert(entry.seq, entry.clone());
         }
         while self.window.len() > ctx.settings.max_buffered_entries {
             self.window.pop_first();
         }
-        for member in in_sync {
+        for member in idle {
             let Some(follower) = self.followers.get_mut(&member) else {
                 continue;
             };
-            if !follower.is_idle() {
-                continue;
-            }
+            copies -= 1;
+            let entries = if copies == 0 {
+                entries.take().unwrap_or_default()
+            } else {
+                entries.clone().unwrap_or_default()
+            };
             let request = ctx.send(
                 Target::Replica(member.clone()),
                 Request::Append {
                     epoch: self.epoch,
                     prev,
-                    entries: entries.clone(),
+                    entries,
                     lac: self.lac,
                     config: (!follower.has_config).then(|| self.config.clone()),
                 },
