@@ -154,8 +154,12 @@ pub enum WireError {
     Malformed(#[from] postcard::Error),
 }
 
-fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, WireError> {
-    Ok(postcard::to_extend(message, vec![WIRE_FORMAT_VERSION])?)
+/// Encodes a message into a buffer of `capacity` bytes to start with (see
+/// [`ReplicaCalls::encode_batch`] for why).
+fn encode<T: Serialize>(message: &T, capacity: usize) -> Result<Vec<u8>, WireError> {
+    let mut buffer = Vec::with_capacity(capacity + 1);
+    buffer.push(WIRE_FORMAT_VERSION);
+    Ok(postcard::to_extend(message, buffer)?)
 }
 
 fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, WireError> {
@@ -171,7 +175,7 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, WireError> {
 
 impl ReplicaCall {
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
-        encode(self)
+        encode(self, crate::caller::call_size_estimate(self))
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
@@ -181,7 +185,7 @@ impl ReplicaCall {
 
 impl ReplicaReply {
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
-        encode(self)
+        encode(self, SMALL_REPLY_CAPACITY_BYTES)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {

@@ -64,14 +64,6 @@ pub(crate) fn legacy_meta(state: LogState) -> LogMeta {
     }
 }
 
-/// The replica state of `log`, from the database.
-pub(crate) fn meta_of(shared: &Shared, log: &Log) -> Result<Option<LogMeta>, JournalError> {
-    let stored = shared
-        .db
-        .get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(log.pid_num))?;
-    meta_from(stored.as_deref(), log)
-}
-
 /// The replica record of log `pid_num`, if it has one.
 pub(crate) fn stored_meta(shared: &Shared, pid_num: u64) -> Result<Option<LogMeta>, JournalError> {
     shared
@@ -243,10 +235,15 @@ pub(crate) fn replica_of(
     shared: &Shared,
     persistence_id: &str,
 ) -> Result<Option<(u64, LogMeta)>, JournalError> {
-    let Some(log) = reader::log_of(shared, persistence_id)? else {
+    // The log record (with the replica's progress) and the replica record from one
+    // snapshot: read apart, a write between them could pair one state's promise, deleted
+    // prefix and configuration with another's last entry.
+    let snapshot = shared.db.snapshot();
+    let Some(log) = reader::log_at(shared, &snapshot, persistence_id)? else {
         return Ok(None);
     };
-    Ok(meta_of(shared, &log)?.map(|meta| (log.pid_num, meta)))
+    let stored = snapshot.get_pinned_cf(shared.cf(CF_META)?, keys::replica_key(log.pid_num))?;
+    Ok(meta_from(stored.as_deref(), &log)?.map(|meta| (log.pid_num, meta)))
 }
 
 /// The summary of a log held here, for `Locate`.

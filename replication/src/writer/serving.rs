@@ -155,6 +155,10 @@ impl<P: Payload> Serving<P> {
 
     /// Copies to a follower that is behind, or probes one not heard from.
     fn drive(&mut self, ctx: &mut Ctx<'_, P>, member: &ReplicaId) {
+        // A busy member (the usual case, just after a write went out) costs no more than this.
+        if !self.followers.get(member).is_some_and(|f| f.is_idle()) {
+            return;
+        }
         let sources = self.in_sync();
         let view = LogView {
             epoch: self.epoch,
@@ -267,8 +271,13 @@ impl<P: Payload> Serving<P> {
             last_seq,
             started: ctx.now,
         });
-        let members: Vec<ReplicaId> = self.followers.keys().cloned().collect();
-        for member in members {
+        let idle: Vec<ReplicaId> = self
+            .followers
+            .values()
+            .filter(|f| f.is_idle())
+            .map(|f| f.id.clone())
+            .collect();
+        for member in idle {
             self.drive(ctx, &member);
         }
     }
