@@ -298,8 +298,8 @@ impl RocksJournal {
     ) -> BoxFuture<'static, Vec<Result<Response<StoredEvent>, JournalError>>> {
         let count = requests.len();
         let mut answers: Vec<Option<BoxFuture<'static, _>>> = Vec::with_capacity(count);
-        let mut writes = Vec::new();
-        let mut write_places = Vec::new();
+        let mut writes = Vec::with_capacity(count);
+        let mut write_places = Vec::with_capacity(count);
         for (persistence_id, request) in requests {
             let is_write = !matches!(request, Request::Locate | Request::Read { .. });
             if is_write && validate_name("persistence id", &persistence_id).is_ok() {

@@ -143,6 +143,12 @@ impl Follower {
         };
     }
 
+    /// Whether [`Follower::copy`] towards `target` has anything to send: only then may it
+    /// need the view's sources.
+    pub fn is_behind(&self, target: u64) -> bool {
+        self.matched.max(self.committed.min(target)) < target
+    }
+
     /// Sends the next piece of the log if it is idle and behind `view.target`. Returns false
     /// when there is nothing to do (it matches up to the target, or it is busy).
     pub fn copy<P: Payload>(&mut self, ctx: &mut Ctx<'_, P>, view: &LogView<'_, P>) -> bool {
@@ -150,8 +156,9 @@ impl Follower {
             return false;
         }
         let target = view.target.seq;
+        let behind = self.is_behind(target);
         self.matched = self.matched.max(self.committed.min(target));
-        if self.matched >= target {
+        if !behind {
             return false;
         }
         let next = self.matched + 1;

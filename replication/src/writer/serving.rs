@@ -133,11 +133,16 @@ impl<P: Payload> Serving<P> {
         let mut sources: Vec<ReplicaId> = self
             .followers
             .values()
-            .filter(|f| f.matched >= self.last.seq && f.state != FollowerState::Lost)
+            .filter(|f| self.holds_all(f))
             .map(|f| f.id.clone())
             .collect();
         sources.sort_by_key(|r| Some(&r.address) != local);
         sources
+    }
+
+    /// Whether `follower` holds the log up to its last entry.
+    fn holds_all(&self, follower: &Follower) -> bool {
+        follower.matched >= self.last.seq && follower.state != FollowerState::Lost
     }
 
     fn in_sync(&self) -> Vec<ReplicaId> {
@@ -155,11 +160,23 @@ impl<P: Payload> Serving<P> {
 
     /// Copies to a follower that is behind, or probes one not heard from.
     fn drive(&mut self, ctx: &mut Ctx<'_, P>, member: &ReplicaId) {
-        // A busy member (the usual case, just after a write went out) costs no more than this.
-        if !self.followers.get(member).is_some_and(|f| f.is_idle()) {
+        // A busy member (the usual case, just after a write went out) costs no more than
+        // this, and one that is up to date (the usual case when it answered) no list of the
+        // members to read from.
+        let target = self.last.seq;
+        let Some(needs_sources) = self
+            .followers
+            .get(member)
+            .filter(|f| f.is_idle())
+            .map(|f| f.known && f.is_behind(target))
+        else {
             return;
-        }
-        let sources = self.in_sync();
+        };
+        let sources = if needs_sources {
+            self.in_sync()
+        } else {
+            Vec::new()
+        };
         let view = LogView {
             epoch: self.epoch,
             lac: self.lac,
@@ -225,14 +242,16 @@ impl<P: Payload> Serving<P> {
             })
             .collect();
         let last_seq = first_seq + entries.len() as u64 - 1;
-        let in_sync = self.in_sync();
-        self.last = Position::new(last_seq, self.epoch);
-        // Each idle in-sync member gets the entries; the last of them takes the writer's own
-        // copy, the window keeps one more.
-        let idle: Vec<ReplicaId> = in_sync
-            .into_iter()
-            .filter(|member| self.followers.get(member).is_some_and(|f| f.is_idle()))
+        // The idle members in sync get the entries at once; the others catch up from the
+        // window as they become idle.
+        let idle: Vec<ReplicaId> = self
+            .followers
+            .values()
+            .filter(|f| f.is_idle() && self.holds_all(f))
+            .map(|f| f.id.clone())
             .collect();
+        self.last = Position::new(last_seq, self.epoch);
+        // The last of them takes the writer's own copy of the entries, the window keeps one.
         let mut copies = idle.len();
         let mut entries = Some(entries);
         for entry in entries.iter().flatten() {
