@@ -101,21 +101,16 @@ impl ReplicaCalls {
 
     /// Encodes a batch of calls.
     pub fn encode_batch(calls: &[ReplicaCall]) -> Result<Vec<u8>, WireError> {
-        // Sized at once (the estimate errs on the large side): grown as postcard writes, the
-        // buffer would copy the calls' entries several times over.
-        let capacity: usize = calls.iter().map(crate::caller::call_size_estimate).sum();
-        let mut buffer = Vec::with_capacity(capacity + 1);
-        buffer.push(BATCH_WIRE_FORMAT_VERSION);
-        Ok(postcard::to_extend(calls, buffer)?)
+        let capacity = calls.iter().map(crate::caller::call_size_estimate).sum();
+        encode(BATCH_WIRE_FORMAT_VERSION, calls, capacity)
     }
 }
 
 /// Encodes the replies to a batch, in the order of its calls.
 pub fn encode_replies(replies: &[ReplicaReply]) -> Result<Vec<u8>, WireError> {
-    // Batched calls have small answers (summaries): room for them at once.
-    let mut buffer = Vec::with_capacity(1 + SMALL_REPLY_CAPACITY_BYTES * replies.len());
-    buffer.push(BATCH_WIRE_FORMAT_VERSION);
-    Ok(postcard::to_extend(replies, buffer)?)
+    // Batched calls have small answers (summaries).
+    let capacity = SMALL_REPLY_CAPACITY_BYTES * replies.len();
+    encode(BATCH_WIRE_FORMAT_VERSION, replies, capacity)
 }
 
 /// About the encoded size of a batched call's answer: a summary without a configuration,
@@ -154,11 +149,16 @@ pub enum WireError {
     Malformed(#[from] postcard::Error),
 }
 
-/// Encodes a message into a buffer of `capacity` bytes to start with (see
-/// [`ReplicaCalls::encode_batch`] for why).
-fn encode<T: Serialize>(message: &T, capacity: usize) -> Result<Vec<u8>, WireError> {
+/// Encodes a message behind its format `version`, into a buffer of about the `capacity` it
+/// needs (estimates err on the large side): grown as postcard writes, the buffer would copy
+/// a batch's entries several times over.
+fn encode<T: Serialize + ?Sized>(
+    version: u8,
+    message: &T,
+    capacity: usize,
+) -> Result<Vec<u8>, WireError> {
     let mut buffer = Vec::with_capacity(capacity + 1);
-    buffer.push(WIRE_FORMAT_VERSION);
+    buffer.push(version);
     Ok(postcard::to_extend(message, buffer)?)
 }
 
@@ -175,7 +175,11 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, WireError> {
 
 impl ReplicaCall {
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
-        encode(self, crate::caller::call_size_estimate(self))
+        encode(
+            WIRE_FORMAT_VERSION,
+            self,
+            crate::caller::call_size_estimate(self),
+        )
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
@@ -185,7 +189,7 @@ impl ReplicaCall {
 
 impl ReplicaReply {
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
-        encode(self, SMALL_REPLY_CAPACITY_BYTES)
+        encode(WIRE_FORMAT_VERSION, self, SMALL_REPLY_CAPACITY_BYTES)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {

@@ -155,12 +155,7 @@ impl<P: Payload> MemoryLog<P> {
             } => rules.append(meta.as_ref(), self, epoch, prev, Vec::new(), lac, config),
         };
         let reply = self.apply(decision);
-        let mut summary = self
-            .summary()
-            .unwrap_or_else(|| LogMeta::default().summary());
-        if !reply.summary_has_config() {
-            summary.config = None;
-        }
+        let summary = LogMeta::summary_of(self.meta.as_ref(), &reply);
         match reply {
             Reply::Promised => {
                 let (tail, tail_complete) = take_bounded(

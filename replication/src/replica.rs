@@ -240,17 +240,15 @@ impl LogMeta {
     /// The summary that goes with `reply`: without the configuration for an append's or a
     /// confirmation's (see [`crate::Response::Appended`]), whole for every other.
     pub fn summary_for(&self, reply: &Reply) -> LogSummary {
-        if reply.summary_has_config() {
-            self.summary()
-        } else {
-            LogSummary {
-                promise: self.promise,
-                last: self.last,
-                lac: self.lac,
-                base: self.base,
-                config: None,
-            }
+        LogSummary {
+            config: self.config.clone().filter(|_| reply.summary_has_config()),
+            ..self.summary()
         }
+    }
+
+    /// [`LogMeta::summary_for`] of a log's state, or an empty summary for a log not held.
+    pub fn summary_of(meta: Option<&LogMeta>, reply: &Reply) -> LogSummary {
+        meta.map_or_else(|| LogMeta::default().summary(), |m| m.summary_for(reply))
     }
 
     /// Takes the writer's configuration along with a write of `epoch`; without one, the

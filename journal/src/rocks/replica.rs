@@ -9,7 +9,9 @@
 //! entries, all acknowledged, without a configuration.
 
 use super::Shared;
-use super::keys::{self, CF_EVENTS, CF_META, LogState, REPLICA_META_VERSION, pair_key};
+use super::keys::{
+    self, CF_EVENTS, CF_META, LogState, REPLICA_META_VERSION, ReplicaProgress, pair_key,
+};
 use super::reader::{self, Log};
 use crate::entry::StoredEvent;
 use crate::error::JournalError;
@@ -91,12 +93,31 @@ fn meta_from(stored: Option<&[u8]>, log: &Log) -> Result<Option<LogMeta>, Journa
 /// The replica record's state with the log record's progress, which is at least as recent:
 /// every write of the replica record writes the log record too (see
 /// [`keys::ReplicaProgress`]).
-fn with_progress(mut meta: LogMeta, log: &Log) -> LogMeta {
-    if let Some(progress) = log.progress {
-        meta.last = progress.last;
-        meta.lac = progress.lac;
+fn with_progress(meta: LogMeta, log: &Log) -> LogMeta {
+    match log.progress {
+        Some(progress) => overlay(meta, progress),
+        None => meta,
     }
+}
+
+fn overlay(mut meta: LogMeta, progress: ReplicaProgress) -> LogMeta {
+    meta.last = progress.last;
+    meta.lac = progress.lac;
     meta
+}
+
+/// The part of `meta` the log record carries.
+pub(crate) fn progress_of(meta: &LogMeta) -> ReplicaProgress {
+    ReplicaProgress {
+        last: meta.last,
+        lac: meta.lac,
+    }
+}
+
+/// Whether the replica record `stored` already holds `meta` but for the progress the log
+/// record carries, so that a write of `meta` need not rewrite it.
+pub(crate) fn record_holds(stored: &LogMeta, meta: &LogMeta) -> bool {
+    overlay(stored.clone(), progress_of(meta)) == *meta
 }
 
 /// A `Read`: entries `from..=to` above the deleted prefix (at most `max_entries` and, beyond

@@ -15,8 +15,8 @@
 
 use super::Shared;
 use super::keys::{
-    self, CF_EVENTS, CF_META, CF_TAG_INDEX, COUNTERS_KEY, Counters, LogState, ReplicaProgress,
-    pair_key, pair_upper_bound,
+    self, CF_EVENTS, CF_META, CF_TAG_INDEX, COUNTERS_KEY, Counters, LogState, pair_key,
+    pair_upper_bound,
 };
 use super::reader;
 use super::recent::Recent;
@@ -318,15 +318,6 @@ fn put_log(batch: &mut WriteBatch, meta: &rocksdb::ColumnFamily, pid: &str, log:
     if log.legacy_state {
         batch.delete_cf(meta, keys::legacy_state_key(log.pid_num));
         log.legacy_state = false;
-    }
-}
-
-/// The summary answering `reply` for a log whose replica state is `meta` (none: a log this
-/// replica does not hold).
-fn summary_for(reply: &Reply, meta: Option<&LogMeta>) -> LogSummary {
-    match meta {
-        Some(meta) => meta.summary_for(reply),
-        None => LogMeta::default().summary(),
     }
 }
 
@@ -701,7 +692,7 @@ impl Writer {
                 rules.held_off(&mut self.leases, pid, before_ref, *epoch, Instant::now())
         {
             let reply = Reply::Leased(held);
-            let summary = summary_for(&reply, before_ref);
+            let summary = LogMeta::summary_of(before_ref, &reply);
             return Ok((reply, summary, log.map(|l| l.pid_num)));
         }
         let mut lease = None;
@@ -747,7 +738,7 @@ impl Writer {
             // Granted as the confirmation is decided: a prepare staged after it sees it.
             reply = Reply::Confirmed(self.leases.grant(pid, epoch, requested, Instant::now()));
         }
-        let summary = summary_for(&reply, meta.as_ref().or(before_ref));
+        let summary = LogMeta::summary_of(meta.as_ref().or(before_ref), &reply);
         if meta.is_none() && mutations.is_empty() {
             return Ok((reply, summary, log.map(|l| l.pid_num)));
         }
@@ -882,30 +873,21 @@ impl Writer {
                 }
             }
         }
-        let staged_meta = match meta {
-            Some(meta) => {
-                // The log record carries the last entry and the mark with every write; the
-                // replica record is rewritten only when the rest of the state changes.
-                let record_current = stored.as_ref().is_some_and(|stored| {
-                    stored.promise == meta.promise
-                        && stored.base == meta.base
-                        && stored.config == meta.config
-                });
-                if !record_current {
-                    ops.push(Op::Put(
-                        CF_META,
-                        keys::replica_key(log.pid_num),
-                        replica::encode_meta(&meta)?,
-                    ));
-                }
-                log.progress = Some(ReplicaProgress {
-                    last: meta.last,
-                    lac: meta.lac,
-                });
-                Some(meta)
+        if let Some(meta) = &meta {
+            // The log record carries the last entry and the mark with every write; the
+            // replica record is rewritten only when the rest of the state changes.
+            if !stored
+                .as_ref()
+                .is_some_and(|stored| replica::record_holds(stored, meta))
+            {
+                ops.push(Op::Put(
+                    CF_META,
+                    keys::replica_key(log.pid_num),
+                    replica::encode_meta(meta)?,
+                ));
             }
-            None => None,
-        };
+            log.progress = Some(replica::progress_of(meta));
+        }
         // From here on nothing fails.
         for op in ops {
             match op {
@@ -921,7 +903,7 @@ impl Writer {
             staged.tags.insert(tag, num);
         }
         staged.deletions.extend(deletions);
-        if let Some(meta) = staged_meta {
+        if let Some(meta) = meta {
             staged.replicas.push((log.pid_num, meta));
         }
         put_log(batch, self.shared.cf(CF_META)?, pid, &mut log);

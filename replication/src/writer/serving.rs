@@ -232,7 +232,7 @@ impl<P: Payload> Serving<P> {
             return;
         }
         let prev = self.last;
-        let entries: Vec<Entry<P>> = payloads
+        let mut entries: Vec<Entry<P>> = payloads
             .into_iter()
             .enumerate()
             .map(|(i, payload)| Entry {
@@ -251,24 +251,22 @@ impl<P: Payload> Serving<P> {
             .map(|f| f.id.clone())
             .collect();
         self.last = Position::new(last_seq, self.epoch);
-        // The last of them takes the writer's own copy of the entries, the window keeps one.
-        let mut copies = idle.len();
-        let mut entries = Some(entries);
-        for entry in entries.iter().flatten() {
+        for entry in &entries {
             self.window.insert(entry.seq, entry.clone());
         }
         while self.window.len() > ctx.settings.max_buffered_entries {
             self.window.pop_first();
         }
-        for member in idle {
+        // The window keeps a copy; the last member takes the writer's own.
+        let members = idle.len();
+        for (i, member) in idle.into_iter().enumerate() {
             let Some(follower) = self.followers.get_mut(&member) else {
                 continue;
             };
-            copies -= 1;
-            let entries = if copies == 0 {
-                entries.take().unwrap_or_default()
+            let entries = if i + 1 == members {
+                std::mem::take(&mut entries)
             } else {
-                entries.clone().unwrap_or_default()
+                entries.clone()
             };
             let request = ctx.send(
                 Target::Replica(member.clone()),
