@@ -120,6 +120,8 @@ pub enum NodeError {
     Entities(#[from] InvalidConfig),
     #[error("journal replication: {0}")]
     Quorums(QuorumError),
+    #[error("replicated journal: {0}")]
+    Persistence(#[from] tessera_persistence::StartError),
     #[error("cluster singletons: {0}")]
     Singletons(#[from] SingletonError),
     #[error("cluster sharding: {0}")]
@@ -358,6 +360,10 @@ pub fn sharding_settings(config: &NodeConfig) -> ShardingSettings {
 /// The replicated journal's settings a node configuration implies: the quorums, and timeouts
 /// below the entities' ask timeout, so that a caller hears whether its command took effect
 /// rather than that the ask timed out.
+/// The file in the data directory listing the journal stores this node has seen in the
+/// cluster ([`tessera_persistence::known_stores`]).
+pub const KNOWN_STORES_FILE: &str = "known-stores";
+
 pub fn persistence_settings(config: &NodeConfig) -> Result<PersistenceSettings, NodeError> {
     let quorums = Quorums::new(
         config.journal_replication_factor as usize,
@@ -374,6 +380,7 @@ pub fn persistence_settings(config: &NodeConfig) -> Result<PersistenceSettings, 
     settings.writers.writer.read_lease = config.journal_read_lease.min(ask / 3);
     // A write must fit a transport frame, with room for the message around it.
     settings.max_write_bytes = (config.max_frame_size / 2).max(1024);
+    settings.known_stores_path = Some(config.data_dir.join(KNOWN_STORES_FILE));
     Ok(settings)
 }
 

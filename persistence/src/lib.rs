@@ -10,6 +10,7 @@
 mod caller;
 mod handler;
 pub mod journal;
+pub mod known_stores;
 pub mod maintenance;
 pub mod metrics;
 pub mod service;
@@ -19,6 +20,7 @@ pub mod wire;
 pub mod writers;
 
 pub use journal::{LogInspection, ReplicaView, ReplicatedJournal};
+pub use known_stores::{KnownStores, KnownStoresError};
 pub use metrics::{PersistenceMetrics, PersistenceMetricsSnapshot};
 pub use service::ReplicaServiceSettings;
 pub use snapshots::ReplicatedSnapshotStore;
@@ -28,6 +30,7 @@ pub use writers::WritersSettings;
 
 use caller::TransportCaller;
 use handler::ReplicaHandler;
+use std::path::PathBuf;
 use std::sync::Arc;
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::transport::{Transport, TransportError};
@@ -44,6 +47,9 @@ pub struct PersistenceSettings {
     pub maintenance: maintenance::MaintenanceSettings,
     /// Largest write accepted (it must fit a transport frame with room to spare).
     pub max_write_bytes: usize,
+    /// The file of the stores this node has seen in the cluster ([`known_stores`]), in the
+    /// node's data directory; without one the list is kept in memory only (tests).
+    pub known_stores_path: Option<PathBuf>,
 }
 
 impl Default for PersistenceSettings {
@@ -53,8 +59,18 @@ impl Default for PersistenceSettings {
             service: ReplicaServiceSettings::default(),
             maintenance: maintenance::MaintenanceSettings::default(),
             max_write_bytes: 2 * 1024 * 1024,
+            known_stores_path: None,
         }
     }
+}
+
+/// Starting a node's replicated persistence failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error(transparent)]
+    KnownStores(#[from] KnownStoresError),
 }
 
 /// A node's replicated persistence: its replica service, its journal and its snapshot store.
@@ -78,7 +94,11 @@ impl Persistence {
         snapshots: Arc<dyn SnapshotStore>,
         queries: Arc<dyn Journal>,
         settings: PersistenceSettings,
-    ) -> Result<Self, TransportError> {
+    ) -> Result<Self, StartError> {
+        let known_stores = match &settings.known_stores_path {
+            Some(path) => KnownStores::load(path)?,
+            None => KnownStores::default(),
+        };
         let handler = Arc::new(ReplicaHandler {
             store: store.clone(),
             snapshots,
@@ -96,6 +116,8 @@ impl Persistence {
             membership.clone(),
             settings.writers.clone(),
             metrics.clone(),
+            known_stores,
+            settings.known_stores_path.clone(),
         );
         let mut maintenance_settings = settings.maintenance.clone();
         // A writer serving the log elsewhere moves it itself; wait until none can be.

@@ -118,8 +118,15 @@ pub(crate) fn start(
                 .map(|m| m.address().clone())
                 .collect();
             if after.is_none() {
-                // Once per pass: which store each member runs now.
+                // Once per pass: which store each member runs now (the writers remember
+                // them: a log no member knows is created only when enough of the stores
+                // ever seen answer).
                 storage_ids = probe_storage_ids(&caller, &members).await;
+                let stores = storage_ids
+                    .iter()
+                    .map(|(address, id)| (address.clone(), *id))
+                    .collect();
+                let _ = writers.send(Command::StoresSeen { stores });
             }
             let page = match store.logs(after.clone(), settings.page_size).await {
                 Ok(page) => page,

@@ -7,11 +7,13 @@
 //! of the log recovers it again, under a new epoch), and at most `max_writers` are kept.
 
 use crate::caller::{CallResult, ReplicaCaller, call_size_estimate, small_answer};
+use crate::known_stores::KnownStores;
 use crate::metrics::PersistenceMetrics;
 use crate::wire::{ReplicaCall, ReplicaRequest};
 use futures::FutureExt;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::{Address, MemberStatus};
@@ -114,6 +116,8 @@ pub(crate) enum Command {
         persistence_id: String,
         reply: oneshot::Sender<Option<ServingLog>>,
     },
+    /// The stores the members answered a probe with (the maintenance scan's, once a pass).
+    StoresSeen { stores: Vec<(Address, u64)> },
 }
 
 /// A log this node serves: what its snapshot calls need.
@@ -210,12 +214,25 @@ impl Writers {
     }
 }
 
-/// Starts the writers' task.
+/// Where the list of stores this node has seen lives, and its saving: each save runs on a
+/// blocking thread, and one that finds a later list saved already does nothing.
+struct KnownStoresFile {
+    path: PathBuf,
+    /// The version of the last list handed to a save.
+    handed: u64,
+    /// The version of the list on disk, and the lock saves take in turn.
+    saved: Arc<Mutex<u64>>,
+}
+
+/// Starts the writers' task. `known_stores` is the list read from `known_stores_path` (saved
+/// there again whenever it changes; kept in memory only without a path).
 pub(crate) fn start(
     caller: Arc<dyn ReplicaCaller>,
     membership: watch::Receiver<ClusterSnapshot>,
     settings: WritersSettings,
     metrics: Arc<PersistenceMetrics>,
+    known_stores: KnownStores,
+    known_stores_path: Option<PathBuf>,
 ) -> Writers {
     let (commands, command_queue) = mpsc::channel(settings.command_queue_capacity);
     // Answers come from call tasks, one batch per message sent; the bound only makes a
@@ -241,7 +258,18 @@ pub(crate) fn start(
         outputs: Vec::new(),
         next_op: 1,
         last_full_tick: Instant::now(),
+        known_stores,
+        known_stores_file: known_stores_path.map(|path| KnownStoresFile {
+            path,
+            handed: 0,
+            saved: Arc::new(Mutex::new(0)),
+        }),
+        leaving: BTreeSet::new(),
     };
+    let local = actor.local.clone();
+    if actor.known_stores.saw(&local.address, local.storage_id) {
+        actor.save_known_stores();
+    }
     actor.on_membership(&membership.borrow().clone());
     tokio::spawn(actor.run(command_queue, answer_queue, membership));
     Writers { commands, capacity }
@@ -266,6 +294,12 @@ struct Actor {
     outputs: Vec<Output<StoredEvent>>,
     next_op: OpId,
     last_full_tick: Instant,
+    /// Every store this node has seen among the members (see [`crate::known_stores`]).
+    known_stores: KnownStores,
+    known_stores_file: Option<KnownStoresFile>,
+    /// Members last seen leaving gracefully (Leaving or Exiting): once removed, their
+    /// stores are forgotten.
+    leaving: BTreeSet<Address>,
 }
 
 impl Actor {
@@ -389,7 +423,82 @@ impl Actor {
         });
     }
 
+    /// Saves the list of known stores on a blocking thread: the task goes on meanwhile, and
+    /// a save that finds a later list on disk already leaves it.
+    fn save_known_stores(&mut self) {
+        let Some(file) = self.known_stores_file.as_mut() else {
+            return;
+        };
+        file.handed += 1;
+        let version = file.handed;
+        let path = file.path.clone();
+        let saved = file.saved.clone();
+        let list = self.known_stores.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut on_disk = saved.lock().unwrap_or_else(PoisonError::into_inner);
+            if *on_disk >= version {
+                return;
+            }
+            match list.save(&path) {
+                Ok(()) => *on_disk = version,
+                Err(e) => tracing::error!(error = %e, "saving the known stores failed"),
+            }
+        });
+    }
+
+    /// The known stores changed: saved, and every writer told (one waiting to create a log
+    /// may now).
+    fn known_stores_changed(&mut self) {
+        self.save_known_stores();
+        let now = Instant::now();
+        let ids: Vec<Arc<str>> = self.slots.keys().cloned().collect();
+        for id in ids {
+            let placement = self.placement(&id);
+            if let Some(slot) = self.slots.get_mut(&id) {
+                slot.writer.placement_changed(placement, now);
+            }
+            self.drain(&id);
+        }
+    }
+
+    /// Stores forgotten because their nodes left gracefully: they were seen Leaving or
+    /// Exiting and are removed now. A member downed meanwhile is not forgotten.
+    fn forget_left_stores(&mut self, snapshot: &ClusterSnapshot) -> bool {
+        let mut changed = false;
+        let left: Vec<Address> = self
+            .leaving
+            .iter()
+            .filter(|address| {
+                snapshot
+                    .member_at(address)
+                    .is_none_or(|m| m.status == MemberStatus::Removed)
+            })
+            .cloned()
+            .collect();
+        for address in left {
+            self.leaving.remove(&address);
+            if address != self.local.address {
+                changed |= self.known_stores.left(&address);
+            }
+        }
+        for member in &snapshot.members {
+            match member.status {
+                MemberStatus::Leaving | MemberStatus::Exiting => {
+                    self.leaving.insert(member.address().clone());
+                }
+                MemberStatus::Down => {
+                    self.leaving.remove(member.address());
+                }
+                _ => {}
+            }
+        }
+        changed
+    }
+
     fn on_membership(&mut self, snapshot: &ClusterSnapshot) {
+        if self.forget_left_stores(snapshot) {
+            self.save_known_stores();
+        }
         let holds_replicas = |status: MemberStatus| {
             matches!(
                 status,
@@ -428,6 +537,7 @@ impl Actor {
         Placement {
             preference: self.ring.preference(persistence_id),
             members: self.members.clone(),
+            known_stores: self.known_stores.replicas(),
             converged: self.converged,
             local: Some(self.local.address.clone()),
         }
@@ -606,6 +716,15 @@ impl Actor {
                 {
                     slot.maintenance = true;
                     self.drain(&id);
+                }
+            }
+            Command::StoresSeen { stores } => {
+                let mut changed = false;
+                for (address, storage_id) in &stores {
+                    changed |= self.known_stores.saw(address, *storage_id);
+                }
+                if changed {
+                    self.known_stores_changed();
                 }
             }
             Command::Serving {

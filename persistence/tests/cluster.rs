@@ -27,6 +27,8 @@ struct Node {
     store: Arc<MemoryReplicaStore>,
     persistence: Persistence,
     membership: watch::Sender<ClusterSnapshot>,
+    /// The node's list of the stores it saw in the cluster.
+    known_stores: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -101,13 +103,17 @@ async fn cluster_on(
                 .unwrap(),
         );
         let (membership, watch) = watch::channel(snapshot(i, &addresses));
+        let known_stores = dir.path().join("known-stores");
         let persistence = Persistence::start(
             transport.clone(),
             watch,
             replicas,
             snapshots,
             queries,
-            settings.clone(),
+            PersistenceSettings {
+                known_stores_path: Some(known_stores.clone()),
+                ..settings.clone()
+            },
         )
         .unwrap();
         nodes.push(Node {
@@ -115,6 +121,7 @@ async fn cluster_on(
             store,
             persistence,
             membership,
+            known_stores,
             _dir: dir,
         });
     }
@@ -660,4 +667,93 @@ async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_
             .any(|m| m.address == gone),
         "the log did not move off {gone}"
     );
+}
+
+/// Found by `tessera soak`: after the whole cluster was downed and restarted, the first node
+/// back was Up alone while the others still joined; a log none of its members (itself) knew
+/// looked new, and its writer created it again there — an acknowledged history replaced by
+/// an empty one. The node remembers the stores it saw in the cluster (in its data
+/// directory), and a log is created only when fewer than W of them are unheard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_up_alone_after_a_full_restart_does_not_create_a_log_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let known_path = dir.path().join("known-stores");
+    let (_network, nodes) = cluster(5).await;
+    let writer = nodes[0].persistence.journal.clone();
+    for seq in 1..=3 {
+        writer
+            .append(write("log-r", seq, &format!("e{seq}")))
+            .await
+            .unwrap();
+    }
+    let config = writer.writer_status("log-r").await.unwrap().config.unwrap();
+    let addresses: Vec<Address> = nodes
+        .iter()
+        .map(|n| n.transport.local().address.clone())
+        .collect();
+    let stranger = addresses
+        .iter()
+        .position(|a| !config.members.iter().any(|m| &m.address == a))
+        .expect("five nodes, three replicas");
+    // The stranger's probes of the members found the five stores, and its list says so.
+    let node = &nodes[stranger];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = tessera_persistence::KnownStores::load(&node.known_stores).unwrap();
+        if seen.len() == 5 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stranger knows only {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // It restarts with that list and is Up alone: the others are not members yet.
+    std::fs::copy(&node.known_stores, &known_path).unwrap();
+    let restarted_settings = PersistenceSettings {
+        known_stores_path: Some(known_path.clone()),
+        ..settings()
+    };
+    let network = MemoryNetwork::new(8);
+    let transport = network.bind(99, addresses[stranger].clone()).unwrap();
+    let others = tempfile::tempdir().unwrap();
+    let mut config = JournalConfig::new(others.path().join("journal"));
+    config.fsync = FsyncPolicy::Never;
+    let queries = Arc::new(RocksJournal::open(config).await.unwrap());
+    let snapshots = Arc::new(
+        RocksSnapshotStore::open(SnapshotConfig::new(others.path().join("snapshots")))
+            .await
+            .unwrap(),
+    );
+    let alone = [addresses[stranger].clone()];
+    let (membership, watch) = watch::channel(snapshot(0, &alone));
+    let restarted = Persistence::start(
+        transport,
+        watch,
+        node.store.clone(),
+        snapshots,
+        queries,
+        restarted_settings,
+    )
+    .unwrap();
+    let refused = restarted
+        .journal
+        .highest_sequence_nr("log-r")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, JournalError::Unavailable { .. }),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("could hold it"), "{refused}");
+    assert!(
+        node.store.meta("log-r").is_none(),
+        "the log was created on the node up alone: {:?}",
+        node.store.meta("log-r")
+    );
+    drop(membership);
+    // Its list survived and still names the five.
+    let reloaded = tessera_persistence::KnownStores::load(&known_path).unwrap();
+    assert_eq!(reloaded.len(), 5);
 }

@@ -70,6 +70,9 @@ pub struct Scenario {
     /// After healing, every serving writer must have brought every member up to its log
     /// (for scenarios with one writer, whose writer lives through the faults).
     pub check_caught_up: bool,
+    /// Deliberately broken placement: writers are told of no store beyond the members they
+    /// see (to show the checks catch a log created again after a full restart).
+    pub forget_known_stores: bool,
 }
 
 /// A fault the scenario injects, at a random moment, for a random time.
@@ -99,6 +102,10 @@ pub enum FaultKind {
     /// on the far side of a partition): they forget the read leases they granted, and the
     /// node cut off may still be reading from one.
     CutOffAndRestartOthers,
+    /// The whole cluster restarts (every writer and replica process, each with its store)
+    /// and forms again from one node, preferably one that holds no replica of the log: it
+    /// is Up alone for a while, and the others join one at a time.
+    FullRestart,
 }
 
 /// One observation of the log: a replay after a recovery.
@@ -166,6 +173,8 @@ enum Event {
     FaultStart(FaultKind),
     Heal(Heal),
     Resume(usize),
+    /// A node that restarted with the whole cluster joins it again.
+    Rejoin(usize),
 }
 
 #[derive(Debug, Clone)]
@@ -221,6 +230,9 @@ struct Node {
     /// Restarted at another address: a member that moved and then left the cluster could be
     /// found by no one.
     moved: bool,
+    /// The stores this node has seen among the members (its durable list, which outlives
+    /// its restarts): storage id → address.
+    known_stores: BTreeMap<u64, Address>,
 }
 
 /// A simulated run.
@@ -305,6 +317,7 @@ impl Simulation {
                 },
                 highest_promise: Epoch::ZERO,
                 moved: false,
+                known_stores: BTreeMap::new(),
             })
             .collect();
         let settings = WriterSettings {
@@ -400,22 +413,62 @@ impl Simulation {
     }
 
     fn rebuild_placements(&mut self) {
+        self.learn_stores();
         let members: Vec<Address> = self
             .members
             .iter()
             .map(|&i| self.nodes[i].address.clone())
             .collect();
         let preference = Ring::new(members.clone()).preference(LOG_ID);
+        let forget = self.scenario.forget_known_stores;
         self.placements = self
             .nodes
             .iter()
             .map(|node| Placement {
                 preference: preference.clone(),
                 members: members.clone(),
+                known_stores: if forget {
+                    Vec::new()
+                } else {
+                    node.known_stores
+                        .iter()
+                        .map(|(id, address)| ReplicaId::new(address.clone(), *id))
+                        .collect()
+                },
                 converged: true,
                 local: Some(node.address.clone()),
             })
             .collect();
+    }
+
+    /// Every member learns the stores the members run now, as a node's probe of its members
+    /// does: a store seen at another address moved there, and a store that another replaced
+    /// at its address is forgotten (its disk was lost).
+    fn learn_stores(&mut self) {
+        let running: Vec<(u64, Address)> = self
+            .members
+            .iter()
+            .map(|&i| (self.nodes[i].storage_id, self.nodes[i].address.clone()))
+            .collect();
+        for &member in &self.members {
+            let known = &mut self.nodes[member].known_stores;
+            for (id, address) in &running {
+                known.retain(|other, at| other == id || at != address);
+                known.insert(*id, address.clone());
+            }
+        }
+    }
+
+    /// Tells every node's writer the placement it sees now.
+    fn placements_changed(&mut self) {
+        self.rebuild_placements();
+        for node in 0..self.nodes.len() {
+            let placement = self.placement_for(node);
+            if let Some(writer) = self.nodes[node].client.writer.as_mut() {
+                writer.placement_changed(placement, self.now);
+            }
+            self.flush(node);
+        }
     }
 
     fn placement_for(&self, node: usize) -> Placement {
@@ -549,6 +602,8 @@ impl Simulation {
                         // it waits as long as any lease could run.
                         self.nodes[node].down = false;
                         self.nodes[node].leases = Leases::new(self.now, READ_LEASE);
+                        // The members' probes find the store it runs now (new after a wipe).
+                        self.rebuild_placements();
                     }
                     Heal::Partition => self.cut.clear(),
                     Heal::Writer(node) => self.nodes[node].client.crashed = false,
@@ -556,6 +611,11 @@ impl Simulation {
             }
             Event::Resume(node) => {
                 self.nodes[node].paused_until = None;
+            }
+            Event::Rejoin(node) => {
+                self.note(|| format!("REJOIN {node}"));
+                self.members.insert(node);
+                self.placements_changed();
             }
         }
     }
@@ -664,14 +724,7 @@ impl Simulation {
                 self.nodes[node].leases = Leases::new(self.now, READ_LEASE);
                 self.crash_client(node);
                 self.nodes[node].client.crashed = false;
-                self.rebuild_placements();
-                for other in 0..self.nodes.len() {
-                    let placement = self.placement_for(other);
-                    if let Some(writer) = self.nodes[other].client.writer.as_mut() {
-                        writer.placement_changed(placement, self.now);
-                    }
-                    self.flush(other);
-                }
+                self.placements_changed();
             }
             FaultKind::ReplaceMember => {
                 // The leaving replica keeps answering at the address the log's configuration
@@ -692,19 +745,40 @@ impl Simulation {
                 let leaving = stayed[self.rng.random_range(0..stayed.len())];
                 self.members.remove(&leaving);
                 self.members.insert(spare);
-                self.rebuild_placements();
                 self.stats.reconfigurations += 1;
                 // Its client stops too (a removed node hosts nothing); its replica keeps
                 // answering, as a downed node that still runs would.
                 self.crash_client(leaving);
                 self.nodes[leaving].client.restart_after =
                     Some(self.now + Duration::from_secs(3600));
-                for node in 0..self.nodes.len() {
-                    let placement = self.placement_for(node);
-                    if let Some(writer) = self.nodes[node].client.writer.as_mut() {
-                        writer.placement_changed(placement, self.now);
+                self.placements_changed();
+            }
+            FaultKind::FullRestart => {
+                let all: Vec<usize> = self.members.iter().copied().collect();
+                for &node in &all {
+                    self.crash_client(node);
+                    self.nodes[node].client.crashed = false;
+                    // Its replica's process restarted too: it knows no lease it granted.
+                    self.nodes[node].leases = Leases::new(self.now, READ_LEASE);
+                }
+                let strangers: Vec<usize> = all
+                    .iter()
+                    .copied()
+                    .filter(|&node| self.nodes[node].log.meta.is_none())
+                    .collect();
+                let from = if strangers.is_empty() {
+                    &all
+                } else {
+                    &strangers
+                };
+                let first = from[self.rng.random_range(0..from.len())];
+                self.members = BTreeSet::from([first]);
+                self.placements_changed();
+                for &node in &all {
+                    if node != first {
+                        let after = Duration::from_millis(self.rng.random_range(200..1_500));
+                        self.schedule(after, Event::Rejoin(node));
                     }
-                    self.flush(node);
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! seeds (1,000 by default; `TESSERA_SIM_SEEDS` for more or fewer), each run checked for
 //! every rule of §5 "Checks". Sabotaged runs show that the checks catch a replica that takes
 //! writes from a fenced writer, promises without fencing, or lets a repeated seal truncate
-//! again.
+//! again, and a writer that creates a log again on a node restarted alone.
 
 use std::time::Duration;
 use tessera_replication::replica::Sabotage;
@@ -245,6 +245,7 @@ fn everything() -> Scenario {
             FaultKind::Pause,
             FaultKind::ReplaceMember,
             FaultKind::MoveNode,
+            FaultKind::FullRestart,
         ],
         ..base("everything, five nodes")
     }
@@ -253,6 +254,36 @@ fn everything() -> Scenario {
 #[test]
 fn everything_at_once_on_five_nodes() {
     run(everything());
+}
+
+/// The whole cluster restarts and forms again from a node that holds no replica of the log,
+/// Up alone while the others join one at a time: the log must be found on them, never
+/// created again on the lone node.
+fn full_restart() -> Scenario {
+    Scenario {
+        nodes: 5,
+        faults: vec![FaultKind::FullRestart, FaultKind::CrashWriter],
+        ..base("a full restart, one node at a time")
+    }
+}
+
+#[test]
+fn a_cluster_restarted_one_node_at_a_time_keeps_its_log() {
+    let stats = run(full_restart());
+    assert!(stats.recoveries > 0);
+}
+
+#[test]
+fn creating_a_log_again_on_a_lone_restarted_node_is_caught() {
+    // Writers that know only the members they see create the log again on the first node
+    // back, which held none of it.
+    let scenario = Scenario {
+        forget_known_stores: true,
+        ..full_restart()
+    };
+    let caught = caught_on(&scenario, 200);
+    assert!(caught > 0, "no seed showed the log created again");
+    eprintln!("a log created again after a full restart: caught on {caught} of 200 seeds");
 }
 
 /// How many of the first `seeds` seeds of `scenario` show a violation.

@@ -4,8 +4,11 @@
 //! lives there unless the cluster changed since it was created. If none of them knows it,
 //! every member is asked. A configuration found anywhere wins (the one of the latest epoch;
 //! recovery follows it to any later one); a log is new only when every member answered that
-//! it knows nothing of it, and
-//! membership has converged (so that no other node places it elsewhere at the same time).
+//! it knows nothing of it, membership has converged (so that no other node places it
+//! elsewhere at the same time), and fewer than W of the stores this node has known in the
+//! cluster are unheard (the members now may all be newcomers to the log's replicas: after a
+//! restart of the whole cluster, the first node is Up alone while the others still join; a
+//! log serves once W stores hold it, so W unheard stores could be all that know it).
 //! A replica that holds entries but no configuration holds a log written before
 //! replication: it becomes the log's first configuration.
 
@@ -26,9 +29,22 @@ pub(crate) struct Locating {
     storage: BTreeMap<Address, u64>,
     silent: BTreeSet<Address>,
     seen: Epoch,
-    /// No member knows the log, and membership had not converged: it is asked again once
-    /// it has (until the recovery times out).
-    awaiting_convergence: bool,
+    /// No member knows the log, but it cannot be created yet: it is asked again once that
+    /// may have changed (until the recovery times out).
+    awaiting: Option<Awaiting>,
+}
+
+/// Why a log no member knows is not created yet.
+enum Awaiting {
+    /// Membership had not converged.
+    Convergence,
+    /// At least W stores this node has known in the cluster did not answer (they are not
+    /// members now): they could be all the stores that know the log. Asked again when the members
+    /// are no longer `members`.
+    Stores {
+        members: Vec<Address>,
+        unheard: Vec<ReplicaId>,
+    },
 }
 
 impl Locating {
@@ -41,7 +57,7 @@ impl Locating {
             storage: BTreeMap::new(),
             silent: BTreeSet::new(),
             seen: Epoch::ZERO,
-            awaiting_convergence: false,
+            awaiting: None,
         };
         let n = ctx.settings.quorums.replication_factor();
         let mut first: Vec<Address> = ctx.placement.preference.iter().take(n).cloned().collect();
@@ -176,7 +192,15 @@ impl Locating {
         }
         if !ctx.placement.converged {
             // Another node may be placing the log at this moment on a view of its own.
-            self.awaiting_convergence = true;
+            self.awaiting = Some(Awaiting::Convergence);
+            return Next::Stay;
+        }
+        let unheard = self.unheard_stores(ctx);
+        if unheard.len() >= ctx.settings.quorums.write_quorum() {
+            self.awaiting = Some(Awaiting::Stores {
+                members: ctx.placement.members.clone(),
+                unheard,
+            });
             return Next::Stay;
         }
         let n = ctx.settings.quorums.replication_factor();
@@ -205,10 +229,16 @@ impl Locating {
         })
     }
 
-    /// Time passed: once membership has converged, a log no member knew is looked for again
-    /// (members may have come or gone meanwhile), then created if still unknown.
+    /// Time passed: once membership has converged, or the members are others than when no
+    /// member knew the log, it is looked for again (members may have come or gone
+    /// meanwhile), then created if still unknown.
     pub fn tick<P>(&mut self, ctx: &mut Ctx<'_, P>) -> Next<P> {
-        if !self.awaiting_convergence || !ctx.placement.converged {
+        let again = match &self.awaiting {
+            None => false,
+            Some(Awaiting::Convergence) => ctx.placement.converged,
+            Some(Awaiting::Stores { members, .. }) => *members != ctx.placement.members,
+        };
+        if !again {
             return Next::Stay;
         }
         let (fresh, next) = Locating::start(ctx);
@@ -218,13 +248,35 @@ impl Locating {
 
     /// What it waits for, for an error message.
     pub fn describe(&self) -> String {
-        if self.awaiting_convergence {
-            "the log is not known to any member, and cluster membership did not converge \
-             (it is created once membership has converged)"
-                .to_string()
-        } else {
-            "locating the log".to_string()
+        match &self.awaiting {
+            None => "locating the log".to_string(),
+            Some(Awaiting::Convergence) => {
+                "the log is not known to any member, and cluster membership did not converge \
+                 (it is created once membership has converged)"
+                    .to_string()
+            }
+            Some(Awaiting::Stores { unheard, .. }) => {
+                let stores: Vec<String> = unheard.iter().map(|r| r.to_string()).collect();
+                format!(
+                    "the log is not known to any member, but {} stores this node has seen in \
+                     the cluster are not members now and could hold it: {} (it is created \
+                     once fewer of them than the write quorum are unheard)",
+                    unheard.len(),
+                    stores.join(", ")
+                )
+            }
         }
+    }
+
+    /// Stores this node has known in the cluster that did not answer this locating.
+    fn unheard_stores<P>(&self, ctx: &Ctx<'_, P>) -> Vec<ReplicaId> {
+        let heard: BTreeSet<u64> = self.storage.values().copied().collect();
+        ctx.placement
+            .known_stores
+            .iter()
+            .filter(|store| !heard.contains(&store.storage_id))
+            .cloned()
+            .collect()
     }
 
     /// Where each store answered from.

@@ -97,6 +97,13 @@ pub struct Placement {
     /// Every member that may hold replicas (not down, not removed): a log is new only when
     /// every one of them says it does not know it.
     pub members: Vec<Address>,
+    /// Every store this node has seen among the cluster's members, remembered across
+    /// restarts and forgotten only once known gone (a wiped disk, a graceful leave). A log no
+    /// member knows may still live on stores that are not members now (after a restart of
+    /// the whole cluster, the first node is Up alone), so it is created only when fewer than
+    /// W of these did not answer: a log serves once W stores hold it, and W unheard stores
+    /// could be all that know it.
+    pub known_stores: Vec<ReplicaId>,
     /// Whether membership has converged; a log is created only then, so that two nodes with
     /// different views do not create it in two places.
     pub converged: bool,
