@@ -45,7 +45,7 @@ async fn three_nodes(dir: &Path, extra: &[&str]) -> (Vec<u16>, Vec<NodeProcess>)
 async fn deposits_through_one_node_survive_its_sigkill() {
     let _serial = common::one_at_a_time().await;
     let dir = test_dir();
-    let (_ports, mut nodes) = three_nodes(dir.path(), &[]).await;
+    let (ports, mut nodes) = three_nodes(dir.path(), &[]).await;
     let mut requests = Vec::new();
     for _ in 0..1_000 {
         let http = nodes[0].http;
@@ -89,9 +89,50 @@ async fn deposits_through_one_node_survive_its_sigkill() {
         .await
         .expect("GET /journal");
     assert_eq!(invalid.status, 400, "{}", invalid.body);
+    // Node 2 knows the three stores; one a log still names cannot be forgotten, nor one
+    // it never saw.
+    // (Its probes of the members find them within a scan interval or two.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let known =
+            tessera::http_client::get(nodes[1].http, "/known-stores", Duration::from_secs(10))
+                .await
+                .expect("GET /known-stores");
+        assert_eq!(known.status, 200, "{}", known.body);
+        let known = known.json().expect("JSON");
+        if known["stores"].as_array().map(Vec::len) == Some(3) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{known}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first_store = view["config"]["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|m| m["address"].as_str() == Some(&format!("127.0.0.1:{}", ports[0])))
+        .and_then(|m| m["storage_id"].as_str())
+        .expect("node 1's store in the configuration")
+        .to_string();
     kill(&mut nodes[0]).await;
     assert_eq!(balance(nodes[1].http, "alice").await, 1_000);
     assert_eq!(balance(nodes[2].http, "alice").await, 1_000);
+    for (path, status) in [
+        (format!("/known-stores/{first_store}"), 409),
+        ("/known-stores/00000000000000ab".to_string(), 404),
+        ("/known-stores/not-hex".to_string(), 400),
+    ] {
+        let answer = tessera::http_client::request(
+            nodes[1].http,
+            "DELETE",
+            &path,
+            None,
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("DELETE /known-stores");
+        assert_eq!(answer.status, status, "{path}: {}", answer.body);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -149,6 +149,15 @@ impl ReplicaHandler {
                     }
                 })
             }
+            ReplicaRequest::NamesStore { storage_id } => {
+                let store = self.store.clone();
+                Box::pin(async move {
+                    match crate::store::log_naming(store.as_ref(), storage_id).await {
+                        Ok(log) => ReplicaReply::NamedBy { log },
+                        Err(e) => failed(e),
+                    }
+                })
+            }
             ReplicaRequest::DeleteSnapshots { epoch, criteria } => {
                 let fence = self.fence(&call.log, epoch);
                 let snapshots = self.snapshots.clone();

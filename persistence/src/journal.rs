@@ -9,6 +9,7 @@
 
 use crate::caller::{CallResult, ReplicaCaller};
 use crate::store::ReplicaStore;
+use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
 use crate::writers::{Command, ReadyLog, Writers};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -27,6 +28,36 @@ use tokio::sync::watch;
 /// Events read per page from another node's replica.
 const READ_PAGE_ENTRIES: u32 = 1_000;
 const READ_PAGE_BYTES: u32 = 1024 * 1024;
+
+/// Why a store was not forgotten.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetStoreError {
+    #[error("no store {storage_id:016x} is known here")]
+    Unknown { storage_id: u64 },
+    #[error("the store {store} runs at {address}, a member of the cluster")]
+    Running { store: ReplicaId, address: Address },
+    #[error(
+        "the log {log:?} on the store {by} names the store {store} in its configuration: its \
+         writer moves it off a store whose node is no member (the maintenance scan starts \
+         one); forget the store once no log names it"
+    )]
+    Named {
+        store: ReplicaId,
+        by: ReplicaId,
+        log: String,
+    },
+    #[error(
+        "the store {other} could not say whether a log names the store {store}: {reason} \
+         (every other known store must answer, except those named gone for good as well)"
+    )]
+    Unheard {
+        store: ReplicaId,
+        other: ReplicaId,
+        reason: String,
+    },
+    #[error("{0}")]
+    Journal(JournalError),
+}
 
 /// The replicated journal. Cheap to share behind an `Arc`.
 pub struct ReplicatedJournal {
@@ -137,6 +168,116 @@ impl ReplicatedJournal {
             config,
             replicas,
             writer: self.writers.status(persistence_id).await,
+        }
+    }
+
+    /// The stores this node has seen in the cluster ([`crate::known_stores`]), each with
+    /// whether a member runs it now (its node answered the last probe with it).
+    pub async fn known_stores(&self) -> Result<Vec<ReplicaId>, JournalError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.writers.send(Command::KnownStores { reply })?;
+        answer.await.map_err(|_| JournalError::Closed)
+    }
+
+    /// Forgets a store that is gone for good, on this node (an operator runs it on every
+    /// node). Refused while a member runs the store, and unless every other store this node
+    /// knows answers, from where it was last seen, that none of its logs names it in its
+    /// configuration: then no remembered store still counts on it, and the logs it held
+    /// have other replicas (the maintenance scan moves a log off a store whose node is no
+    /// member). A log known only to forgotten stores is then not found, so this is an
+    /// operator's decision that the store is gone. Stores in `also_gone` (gone for good as
+    /// well, so unable to answer) are not asked: what only they and this store hold is lost.
+    pub async fn forget_store(
+        &self,
+        storage_id: u64,
+        also_gone: &[u64],
+    ) -> Result<(), ForgetStoreError> {
+        let known = self
+            .known_stores()
+            .await
+            .map_err(ForgetStoreError::Journal)?;
+        let Some(store) = known.iter().find(|s| s.storage_id == storage_id).cloned() else {
+            return Err(ForgetStoreError::Unknown { storage_id });
+        };
+        let members: std::collections::BTreeSet<Address> = self
+            .membership
+            .borrow()
+            .members
+            .iter()
+            .filter(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
+            .map(|m| m.address().clone())
+            .collect();
+        let running = crate::maintenance::probe_storage_ids(&self.caller, &members).await;
+        if let Some((address, _)) = running.iter().find(|(_, id)| **id == storage_id) {
+            return Err(ForgetStoreError::Running {
+                store,
+                address: address.clone(),
+            });
+        }
+        let asks = known
+            .iter()
+            .filter(|other| {
+                other.storage_id != storage_id && !also_gone.contains(&other.storage_id)
+            })
+            .map(|other| {
+                let reply = self.caller.call_any(
+                    &other.address,
+                    ReplicaCall {
+                        log: crate::maintenance::STORAGE_PROBE_LOG.to_string(),
+                        storage_id: Some(other.storage_id),
+                        request: ReplicaRequest::NamesStore { storage_id },
+                    },
+                );
+                async move { (other.clone(), reply.await) }
+            });
+        for (other, reply) in futures::future::join_all(asks).await {
+            match reply {
+                Ok(ReplicaReply::NamedBy { log: None }) => {}
+                Ok(ReplicaReply::NamedBy { log: Some(log) }) => {
+                    return Err(ForgetStoreError::Named {
+                        store,
+                        by: other,
+                        log,
+                    });
+                }
+                Ok(ReplicaReply::WrongStorage { storage_id: found }) => {
+                    return Err(ForgetStoreError::Unheard {
+                        store,
+                        other,
+                        reason: format!("another store ({found:016x}) answers at its address"),
+                    });
+                }
+                Ok(ReplicaReply::Failed { reason }) => {
+                    return Err(ForgetStoreError::Unheard {
+                        store,
+                        other,
+                        reason,
+                    });
+                }
+                Ok(reply) => {
+                    return Err(ForgetStoreError::Unheard {
+                        store,
+                        other,
+                        reason: format!("unexpected answer {reply:?}"),
+                    });
+                }
+                Err(reason) => {
+                    return Err(ForgetStoreError::Unheard {
+                        store,
+                        other,
+                        reason,
+                    });
+                }
+            }
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.writers
+            .send(Command::ForgetStore { storage_id, reply })
+            .map_err(ForgetStoreError::Journal)?;
+        match answer.await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ForgetStoreError::Unknown { storage_id }),
+            Err(_) => Err(ForgetStoreError::Journal(JournalError::Closed)),
         }
     }
 

@@ -1,14 +1,20 @@
 //! The stores this node has seen among the cluster's members, kept in a file of its data
 //! directory so that a restart remembers them.
 //!
-//! A log is created only when a quorum of the stores that could know it said it does not
-//! exist ([`tessera_replication::Placement::known_stores`]). After the whole cluster
-//! restarts, the first node is Up alone: the members it sees are no proof of absence, but the
-//! stores it saw before are. A store is forgotten only when it is known gone: another store
-//! runs at its address now (its disk was lost), or its node left the cluster gracefully
-//! (its logs keep their other replicas and move off it). A store of a node that crashed and
-//! never came back is remembered: while W such stores are unheard, logs no member knows are
-//! not created.
+//! A log is created only when fewer than W of the stores that could know it did not answer
+//! ([`tessera_replication::Placement::known_stores`]). After the whole cluster restarts,
+//! the first node is Up alone: the members it sees are no proof of absence, but the stores
+//! it saw before are.
+//!
+//! A node learns a store when its probe of the members finds it, and when a log its own
+//! store holds names it in its configuration (so a store written before the list existed
+//! knows its peers). Nothing is forgotten by itself: no node can tell alone that no log
+//! anywhere still needs a store that left, crashed for good or lost its disk (a graceful
+//! stop is a leave too, and a cluster stopped one node at a time must still find its logs).
+//! An operator forgets a store that is gone for good on each node
+//! ([`crate::ReplicatedJournal::forget_store`]), which refuses while the node's own store
+//! holds a log that names it. While W unheard stores are remembered, logs no member knows
+//! are not created.
 //!
 //! The file is text, one store per line after a header line:
 //! `<storage id, 16 hex digits> <host:port>`. It is replaced atomically (written beside,
@@ -127,27 +133,35 @@ impl KnownStores {
         Ok(())
     }
 
-    /// The store `storage_id` runs at `address` now. A store known at another address moved
-    /// there; another store known at `address` is gone (its node lost its disk and runs a
-    /// new one). Returns whether the list changed.
+    /// The store `storage_id` answered from `address` now (a store known at another address
+    /// moved there). Returns whether the list changed.
     pub fn saw(&mut self, address: &Address, storage_id: u64) -> bool {
-        let before = self.stores.len();
-        self.stores
-            .retain(|id, at| *id == storage_id || at != address);
-        let mut changed = self.stores.len() != before;
-        if self.stores.get(&storage_id) != Some(address) {
-            self.stores.insert(storage_id, address.clone());
-            changed = true;
+        if self.stores.get(&storage_id) == Some(address) {
+            return false;
         }
-        changed
+        self.stores.insert(storage_id, address.clone());
+        true
     }
 
-    /// The node at `address` left the cluster gracefully: its store is forgotten. Returns
-    /// whether the list changed.
-    pub fn left(&mut self, address: &Address) -> bool {
-        let before = self.stores.len();
-        self.stores.retain(|_, at| at != address);
-        self.stores.len() != before
+    /// A log's configuration names the store `storage_id` at `address`: learned unless known
+    /// (an answer from the store itself says better where it is). Returns whether the list
+    /// changed.
+    pub fn named(&mut self, address: &Address, storage_id: u64) -> bool {
+        if self.stores.contains_key(&storage_id) {
+            return false;
+        }
+        self.stores.insert(storage_id, address.clone());
+        true
+    }
+
+    /// Forgets a store (an operator's decision that it is gone for good). Returns whether it
+    /// was known.
+    pub fn forget(&mut self, storage_id: u64) -> bool {
+        self.stores.remove(&storage_id).is_some()
+    }
+
+    pub fn get(&self, storage_id: u64) -> Option<&Address> {
+        self.stores.get(&storage_id)
     }
 
     pub fn replicas(&self) -> Vec<ReplicaId> {
@@ -175,7 +189,7 @@ mod tests {
     }
 
     #[test]
-    fn a_store_is_forgotten_only_when_known_gone() {
+    fn a_store_is_forgotten_only_when_told() {
         let mut known = KnownStores::default();
         assert!(known.saw(&address(1), 11));
         assert!(known.saw(&address(2), 12));
@@ -183,18 +197,23 @@ mod tests {
         // It moved: the same store at another address.
         assert!(known.saw(&address(3), 12));
         assert_eq!(known.len(), 2);
-        // Its node lost its disk: another store at its address.
+        // A configuration's older address does not move it back.
+        assert!(!known.named(&address(2), 12));
+        assert!(known.named(&address(4), 14));
+        // Its node lost its disk: another store at its address, the old one still known.
         assert!(known.saw(&address(1), 21));
         assert_eq!(
             known.replicas(),
             vec![
+                ReplicaId::new(address(1), 11),
                 ReplicaId::new(address(3), 12),
+                ReplicaId::new(address(4), 14),
                 ReplicaId::new(address(1), 21)
             ]
         );
-        assert!(known.left(&address(3)));
-        assert!(!known.left(&address(3)));
-        assert_eq!(known.replicas(), vec![ReplicaId::new(address(1), 21)]);
+        assert!(known.forget(11));
+        assert!(!known.forget(11));
+        assert_eq!(known.len(), 3);
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub struct MaintenanceSettings {
     pub takeover_grace: Duration,
 }
 
+/// The members' stores are probed again after this long at most, whatever the scan's pace
+/// (and at once when the members change).
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Logs remembered as needing care, at most; beyond it, newly seen ones wait for the next
 /// pass (the scan finds them again).
 pub const NEEDING_CARE_CAPACITY: usize = 100_000;
@@ -98,6 +102,7 @@ pub(crate) fn start(
         let local = caller.local().0.clone();
         let mut after: Option<String> = None;
         let mut storage_ids: HashMap<Address, u64> = HashMap::new();
+        let mut probed: Option<(BTreeSet<Address>, tokio::time::Instant)> = None;
         // Logs that need care, and since when.
         let mut needing_care: HashMap<String, tokio::time::Instant> = HashMap::new();
         loop {
@@ -117,16 +122,23 @@ pub(crate) fn start(
                 })
                 .map(|m| m.address().clone())
                 .collect();
-            if after.is_none() {
-                // Once per pass: which store each member runs now (the writers remember
-                // them: a log no member knows is created only when enough of the stores
-                // ever seen answer).
+            let due = probed.as_ref().is_none_or(|(probed_members, at)| {
+                *probed_members != members || at.elapsed() >= PROBE_INTERVAL
+            });
+            if after.is_none() || due {
+                // Which store each member runs now, at the start of each pass and whenever
+                // the members change (the writers remember them: a log no member knows is
+                // created only when enough of the stores ever seen answer).
                 storage_ids = probe_storage_ids(&caller, &members).await;
-                let stores = storage_ids
+                probed = Some((members.clone(), tokio::time::Instant::now()));
+                let answered = storage_ids
                     .iter()
                     .map(|(address, id)| (address.clone(), *id))
                     .collect();
-                let _ = writers.send(Command::StoresSeen { stores });
+                let _ = writers.send(Command::StoresSeen {
+                    answered,
+                    named: Vec::new(),
+                });
             }
             let page = match store.logs(after.clone(), settings.page_size).await {
                 Ok(page) => page,
@@ -140,6 +152,18 @@ pub(crate) fn start(
             } else {
                 page.last().map(|(id, _)| id.clone())
             };
+            // Every store a configuration here names may hold logs: the writers learn them.
+            let named: BTreeSet<(Address, u64)> = page
+                .iter()
+                .flat_map(|(_, config)| config.config.all_members())
+                .map(|m| (m.address, m.storage_id))
+                .collect();
+            if !named.is_empty() {
+                let _ = writers.send(Command::StoresSeen {
+                    answered: Vec::new(),
+                    named: named.into_iter().collect(),
+                });
+            }
             let mut started = 0;
             let now = tokio::time::Instant::now();
             for (log, config) in page {
@@ -175,7 +199,7 @@ pub(crate) fn start(
 }
 
 /// Asks every member which store it runs, with the probe log.
-async fn probe_storage_ids(
+pub(crate) async fn probe_storage_ids(
     caller: &Arc<dyn ReplicaCaller>,
     members: &BTreeSet<Address>,
 ) -> HashMap<Address, u64> {

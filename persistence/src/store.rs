@@ -111,6 +111,34 @@ impl ReplicaStore for RocksReplicaStore {
     }
 }
 
+/// Logs read per page when looking for one that names a store.
+const NAMING_SCAN_PAGE: usize = 512;
+
+/// A log `store` holds whose configuration (either part of a joint one) names the store
+/// `storage_id`, if any: a scan of every log's configuration, a page at a time.
+pub(crate) async fn log_naming(
+    store: &dyn ReplicaStore,
+    storage_id: u64,
+) -> Result<Option<String>, StoreError> {
+    let mut after = None;
+    loop {
+        let page = store.logs(after, NAMING_SCAN_PAGE).await?;
+        if let Some((log, _)) = page.iter().find(|(_, config)| {
+            config
+                .config
+                .all_members()
+                .iter()
+                .any(|m| m.storage_id == storage_id)
+        }) {
+            return Ok(Some(log.clone()));
+        }
+        if page.len() < NAMING_SCAN_PAGE {
+            return Ok(None);
+        }
+        after = page.last().map(|(log, _)| log.clone());
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -37,6 +37,9 @@ pub enum ReplicaRequest {
     LoadSnapshot { criteria: Criteria },
     /// Delete the log's snapshots within the bounds, if `epoch` is not below its promise.
     DeleteSnapshots { epoch: Epoch, criteria: Criteria },
+    /// Which log held here names the store `storage_id` in its configuration, if any (the
+    /// call's log is not used): an operator forgets a store only once no store does.
+    NamesStore { storage_id: u64 },
 }
 
 /// A snapshot on the wire.
@@ -79,6 +82,10 @@ pub enum ReplicaReply {
     Done,
     /// The snapshot found, if any.
     Snapshot(Option<SnapshotData>),
+    /// A log held here whose configuration names the store asked about, if any.
+    NamedBy {
+        log: Option<String>,
+    },
 }
 
 /// What a replica service receives: one call, or a batch of them to take in in order.

@@ -11,7 +11,7 @@ use crate::known_stores::KnownStores;
 use crate::metrics::PersistenceMetrics;
 use crate::wire::{ReplicaCall, ReplicaRequest};
 use futures::FutureExt;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -116,8 +116,22 @@ pub(crate) enum Command {
         persistence_id: String,
         reply: oneshot::Sender<Option<ServingLog>>,
     },
-    /// The stores the members answered a probe with (the maintenance scan's, once a pass).
-    StoresSeen { stores: Vec<(Address, u64)> },
+    /// Stores found by the maintenance scan: `answered`, the members' answers to its probe
+    /// (where each store is now); `named`, stores the configurations of this node's logs
+    /// name.
+    StoresSeen {
+        answered: Vec<(Address, u64)>,
+        named: Vec<(Address, u64)>,
+    },
+    /// The stores this node knows.
+    KnownStores {
+        reply: oneshot::Sender<Vec<ReplicaId>>,
+    },
+    /// Forget a store gone for good; answers whether it was known.
+    ForgetStore {
+        storage_id: u64,
+        reply: oneshot::Sender<bool>,
+    },
 }
 
 /// A log this node serves: what its snapshot calls need.
@@ -264,7 +278,6 @@ pub(crate) fn start(
             handed: 0,
             saved: Arc::new(Mutex::new(0)),
         }),
-        leaving: BTreeSet::new(),
     };
     let local = actor.local.clone();
     if actor.known_stores.saw(&local.address, local.storage_id) {
@@ -297,9 +310,6 @@ struct Actor {
     /// Every store this node has seen among the members (see [`crate::known_stores`]).
     known_stores: KnownStores,
     known_stores_file: Option<KnownStoresFile>,
-    /// Members last seen leaving gracefully (Leaving or Exiting): once removed, their
-    /// stores are forgotten.
-    leaving: BTreeSet<Address>,
 }
 
 impl Actor {
@@ -461,44 +471,7 @@ impl Actor {
         }
     }
 
-    /// Stores forgotten because their nodes left gracefully: they were seen Leaving or
-    /// Exiting and are removed now. A member downed meanwhile is not forgotten.
-    fn forget_left_stores(&mut self, snapshot: &ClusterSnapshot) -> bool {
-        let mut changed = false;
-        let left: Vec<Address> = self
-            .leaving
-            .iter()
-            .filter(|address| {
-                snapshot
-                    .member_at(address)
-                    .is_none_or(|m| m.status == MemberStatus::Removed)
-            })
-            .cloned()
-            .collect();
-        for address in left {
-            self.leaving.remove(&address);
-            if address != self.local.address {
-                changed |= self.known_stores.left(&address);
-            }
-        }
-        for member in &snapshot.members {
-            match member.status {
-                MemberStatus::Leaving | MemberStatus::Exiting => {
-                    self.leaving.insert(member.address().clone());
-                }
-                MemberStatus::Down => {
-                    self.leaving.remove(member.address());
-                }
-                _ => {}
-            }
-        }
-        changed
-    }
-
     fn on_membership(&mut self, snapshot: &ClusterSnapshot) {
-        if self.forget_left_stores(snapshot) {
-            self.save_known_stores();
-        }
         let holds_replicas = |status: MemberStatus| {
             matches!(
                 status,
@@ -718,14 +691,27 @@ impl Actor {
                     self.drain(&id);
                 }
             }
-            Command::StoresSeen { stores } => {
+            Command::StoresSeen { answered, named } => {
                 let mut changed = false;
-                for (address, storage_id) in &stores {
+                for (address, storage_id) in &answered {
                     changed |= self.known_stores.saw(address, *storage_id);
+                }
+                for (address, storage_id) in &named {
+                    changed |= self.known_stores.named(address, *storage_id);
                 }
                 if changed {
                     self.known_stores_changed();
                 }
+            }
+            Command::KnownStores { reply } => {
+                let _ = reply.send(self.known_stores.replicas());
+            }
+            Command::ForgetStore { storage_id, reply } => {
+                let known = self.known_stores.forget(storage_id);
+                if known {
+                    self.known_stores_changed();
+                }
+                let _ = reply.send(known);
             }
             Command::Serving {
                 persistence_id,

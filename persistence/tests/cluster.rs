@@ -357,13 +357,22 @@ async fn an_idle_log_moves_off_a_member_that_left() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A member of the log's configuration other than this node leaves the cluster for good.
-    let gone = config
+    let gone_store = config
         .members
         .iter()
         .find(|m| m.address != nodes[0].transport.local().address)
         .unwrap()
-        .address
         .clone();
+    let gone = gone_store.address.clone();
+    // A store a member runs cannot be forgotten.
+    let refused = a
+        .forget_store(gone_store.storage_id, &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, tessera_persistence::ForgetStoreError::Running { .. }),
+        "{refused}"
+    );
     let spare = nodes
         .iter()
         .map(|n| n.transport.local().address.clone())
@@ -417,6 +426,23 @@ async fn an_idle_log_moves_off_a_member_that_left() {
         payloads(spare_node.persistence.journal.as_ref(), "log-5").await,
         expected
     );
+    // No log names the gone store any more: an operator may forget it (the stores that
+    // held the log's older configuration may still name it for a moment).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match a.forget_store(gone_store.storage_id, &[]).await {
+            Ok(()) => break,
+            Err(tessera_persistence::ForgetStoreError::Named { .. })
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let known = a.known_stores().await.unwrap();
+    assert_eq!(known.len(), 3, "{known:?}");
+    assert!(known.iter().all(|s| s.storage_id != gone_store.storage_id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -678,7 +704,7 @@ async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_
 async fn a_node_up_alone_after_a_full_restart_does_not_create_a_log_again() {
     let dir = tempfile::tempdir().unwrap();
     let known_path = dir.path().join("known-stores");
-    let (_network, nodes) = cluster(5).await;
+    let (network, nodes) = cluster(5).await;
     let writer = nodes[0].persistence.journal.clone();
     for seq in 1..=3 {
         writer
@@ -715,7 +741,7 @@ async fn a_node_up_alone_after_a_full_restart_does_not_create_a_log_again() {
         known_stores_path: Some(known_path.clone()),
         ..settings()
     };
-    let network = MemoryNetwork::new(8);
+    network.crash(&addresses[stranger]);
     let transport = network.bind(99, addresses[stranger].clone()).unwrap();
     let others = tempfile::tempdir().unwrap();
     let mut config = JournalConfig::new(others.path().join("journal"));
@@ -752,8 +778,20 @@ async fn a_node_up_alone_after_a_full_restart_does_not_create_a_log_again() {
         "the log was created on the node up alone: {:?}",
         node.store.meta("log-r")
     );
-    drop(membership);
     // Its list survived and still names the five.
     let reloaded = tessera_persistence::KnownStores::load(&known_path).unwrap();
     assert_eq!(reloaded.len(), 5);
+    // Once the others are members again, the log is found with its history.
+    let mut order = vec![addresses[stranger].clone()];
+    order.extend(
+        addresses
+            .iter()
+            .filter(|a| **a != addresses[stranger])
+            .cloned(),
+    );
+    membership.send_replace(snapshot(0, &order));
+    assert_eq!(
+        payloads(restarted.journal.as_ref(), "log-r").await,
+        ["e1", "e2", "e3"]
+    );
 }

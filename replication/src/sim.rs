@@ -251,6 +251,9 @@ pub struct Simulation {
     losses: usize,
     /// Nodes that may still join.
     spares: Vec<usize>,
+    /// Stores gone for good (a wiped disk's, a replaced member's): the operator forgets them
+    /// on each node once that is allowed ([`Simulation::operator_forgets`]).
+    gone: BTreeSet<u64>,
     /// The placement each node sees, rebuilt when membership changes.
     placements: Vec<Placement>,
     cut: BTreeSet<(usize, usize)>,
@@ -290,6 +293,9 @@ pub struct Stats {
     pub reads_from_lease: u64,
     /// Prepares a replica held off for a read lease (or its restart wait).
     pub prepares_held_off: u64,
+    /// Times a writer did not create the log because too many known stores were unheard
+    /// (counted when the writer ends).
+    pub creations_held: u64,
 }
 
 impl Simulation {
@@ -340,6 +346,7 @@ impl Simulation {
             members: (0..scenario.nodes).collect(),
             losses: 0,
             spares: (scenario.nodes..total).collect(),
+            gone: BTreeSet::new(),
             placements: Vec::new(),
             scenario,
             seed,
@@ -442,8 +449,8 @@ impl Simulation {
     }
 
     /// Every member learns the stores the members run now, as a node's probe of its members
-    /// does: a store seen at another address moved there, and a store that another replaced
-    /// at its address is forgotten (its disk was lost).
+    /// does (a store seen at another address moved there). None is forgotten: a wiped
+    /// store's old id stays known, as a node keeps it until an operator forgets it.
     fn learn_stores(&mut self) {
         let running: Vec<(u64, Address)> = self
             .members
@@ -453,9 +460,63 @@ impl Simulation {
         for &member in &self.members {
             let known = &mut self.nodes[member].known_stores;
             for (id, address) in &running {
-                known.retain(|other, at| other == id || at != address);
                 known.insert(*id, address.clone());
             }
+        }
+    }
+
+    /// The operator forgets the stores gone for good on each member, as `DELETE
+    /// /known-stores/{id}?gone=...` (naming the other gone stores) allows it: no member runs
+    /// the store, and every other store the node knows, but those gone too, is reachable
+    /// and holds no configuration that names it.
+    fn operator_forgets(&mut self) {
+        if self.gone.is_empty() {
+            return;
+        }
+        let names = |node: &Node, store: u64| {
+            node.log
+                .meta
+                .as_ref()
+                .and_then(|m| m.config.as_ref())
+                .is_some_and(|c| c.config.all_members().iter().any(|r| r.storage_id == store))
+        };
+        let members: Vec<usize> = self.members.iter().copied().collect();
+        let mut changed = false;
+        for &i in &members {
+            if self.nodes[i].down || self.paused(i).is_some() {
+                continue;
+            }
+            let candidates: Vec<u64> = self.nodes[i]
+                .known_stores
+                .keys()
+                .filter(|id| self.gone.contains(id))
+                .copied()
+                .collect();
+            for store in candidates {
+                if members.iter().any(|&m| self.nodes[m].storage_id == store) {
+                    continue;
+                }
+                let clear = self.nodes[i]
+                    .known_stores
+                    .keys()
+                    .filter(|&&other| other != store && !self.gone.contains(&other))
+                    .all(|&other| {
+                        self.nodes.iter().enumerate().any(|(j, node)| {
+                            node.storage_id == other
+                                && !node.down
+                                && !self.cut.contains(&(i, j))
+                                && !self.cut.contains(&(j, i))
+                                && !names(node, store)
+                        })
+                    });
+                if clear {
+                    self.nodes[i].known_stores.remove(&store);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            self.placements_changed();
         }
     }
 
@@ -540,6 +601,7 @@ impl Simulation {
                     }
                     self.tick_client(node, clients_act);
                 }
+                self.operator_forgets();
                 self.schedule(TICK, Event::Tick);
             }
             Event::ClientWants(node) => {
@@ -679,6 +741,7 @@ impl Simulation {
                 let node = pick(&mut self.rng);
                 self.nodes[node].down = true;
                 self.nodes[node].log = MemoryLog::default();
+                self.gone.insert(self.nodes[node].storage_id);
                 self.nodes[node].storage_id = self.rng.random();
                 self.nodes[node].highest_promise = Epoch::ZERO;
                 self.schedule(how_long, Event::Heal(Heal::Replica(node)));
@@ -743,6 +806,7 @@ impl Simulation {
                     return;
                 };
                 let leaving = stayed[self.rng.random_range(0..stayed.len())];
+                self.gone.insert(self.nodes[leaving].storage_id);
                 self.members.remove(&leaving);
                 self.members.insert(spare);
                 self.stats.reconfigurations += 1;
@@ -808,9 +872,16 @@ impl Simulation {
         }
     }
 
+    /// Drops the node's writer, counting what it did.
+    fn retire_writer(&mut self, node: usize) {
+        if let Some(writer) = self.nodes[node].client.writer.take() {
+            self.stats.creations_held += writer.counters().creations_held;
+        }
+    }
+
     fn crash_client(&mut self, node: usize) {
+        self.retire_writer(node);
         let client = &mut self.nodes[node].client;
-        client.writer = None;
         client.reader = None;
         client.crashed = true;
         client.next_seq = None;
@@ -842,7 +913,7 @@ impl Simulation {
             .as_ref()
             .is_some_and(|w| w.is_stopped());
         if stopped {
-            self.nodes[node].client.writer = None;
+            self.retire_writer(node);
             self.nodes[node].client.next_seq = None;
             self.nodes[node].client.reader = None;
             let backoff = Duration::from_millis(self.rng.random_range(20..200));
@@ -925,6 +996,7 @@ impl Simulation {
     }
 
     fn start_writer(&mut self, node: usize) {
+        self.retire_writer(node);
         let placement = self.placement_for(node);
         let known = self.nodes[node]
             .log

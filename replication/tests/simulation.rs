@@ -47,6 +47,7 @@ fn run(scenario: Scenario) -> Stats {
         total.final_config_version += s.final_config_version;
         total.reads_from_lease += s.reads_from_lease;
         total.prepares_held_off += s.prepares_held_off;
+        total.creations_held += s.creations_held;
         if violations.len() > 20 {
             break;
         }
@@ -270,7 +271,8 @@ fn full_restart() -> Scenario {
 #[test]
 fn a_cluster_restarted_one_node_at_a_time_keeps_its_log() {
     let stats = run(full_restart());
-    assert!(stats.recoveries > 0);
+    // The first node back waited for the others rather than create the log.
+    assert!(stats.creations_held > 0, "{stats:?}");
 }
 
 #[test]

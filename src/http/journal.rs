@@ -1,22 +1,29 @@
 //! `GET /journal/{persistence_id}`: how a replicated log stands — its configuration, each
 //! replica's promised epoch, last entry, acknowledged mark and deleted prefix, and this
 //! node's writer of it, if any. A read: nothing is fenced or changed.
+//!
+//! `GET /known-stores`: the journal stores this node has seen in the cluster (a log no
+//! member knows is created only when fewer than W of them are unheard);
+//! `DELETE /known-stores/{storage_id}` forgets one that is gone for good, on this node.
 
 use super::{ApiError, method_not_allowed};
 use axum::Json;
 use axum::Router;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
-use axum::routing::get;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{delete, get};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tessera_persistence::{LogInspection, ReplicatedJournal};
+use tessera_persistence::{ForgetStoreError, LogInspection, ReplicatedJournal};
 use tessera_replication::{Configuration, Epoch, LogSummary, Position};
 
 /// The journal routes, to be merged into the management API's router.
 pub fn router(journal: Arc<ReplicatedJournal>) -> Router {
     Router::new()
         .route("/journal/{persistence_id}", get(inspect))
+        .route("/known-stores", get(known_stores))
+        .route("/known-stores/{storage_id}", delete(forget_store))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(journal)
 }
@@ -33,6 +40,69 @@ async fn inspect(
         )));
     }
     Ok(Json(render(&journal.inspect(&persistence_id).await)))
+}
+
+/// `{"stores": [{"address", "storage_id"}]}`.
+async fn known_stores(
+    State(journal): State<Arc<ReplicatedJournal>>,
+) -> Result<Json<Value>, ApiError> {
+    let stores = journal
+        .known_stores()
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    let stores: Vec<Value> = stores
+        .iter()
+        .map(|s| {
+            json!({ "address": s.address.to_string(), "storage_id": format!("{:016x}", s.storage_id) })
+        })
+        .collect();
+    Ok(Json(json!({ "stores": stores })))
+}
+
+fn parse_storage_id(text: &str) -> Result<u64, ApiError> {
+    u64::from_str_radix(text, 16).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid storage id {:?}: {e} (expected up to 16 hex digits)",
+            tessera_journal::name_excerpt(text)
+        ))
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct ForgetQuery {
+    /// Other stores gone for good, comma-separated: they need not answer.
+    gone: Option<String>,
+}
+
+/// Forgets a store (16 hex digits, as `GET /known-stores` shows it), `?gone=ID,ID` naming
+/// other stores gone for good that need not answer: 200 `{"forgotten": id}`; 404 unknown;
+/// 409 while a member runs it, a log on a known store names it, or a known store does not
+/// answer.
+async fn forget_store(
+    State(journal): State<Arc<ReplicatedJournal>>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<ForgetQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(text) = path?;
+    let storage_id = parse_storage_id(&text)?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let also_gone = match query.gone.as_deref() {
+        None | Some("") => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(|id| parse_storage_id(id.trim()))
+            .collect::<Result<Vec<u64>, ApiError>>()?,
+    };
+    match journal.forget_store(storage_id, &also_gone).await {
+        Ok(()) => Ok(Json(json!({ "forgotten": format!("{storage_id:016x}") }))),
+        Err(e @ ForgetStoreError::Unknown { .. }) => Err(ApiError::not_found(e.to_string())),
+        Err(
+            e @ (ForgetStoreError::Running { .. }
+            | ForgetStoreError::Named { .. }
+            | ForgetStoreError::Unheard { .. }),
+        ) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+        Err(e @ ForgetStoreError::Journal(_)) => Err(ApiError::unavailable(e.to_string())),
+    }
 }
 
 fn epoch(epoch: Epoch) -> Value {

@@ -39,8 +39,8 @@ enum Awaiting {
     /// Membership had not converged.
     Convergence,
     /// At least W stores this node has known in the cluster did not answer (they are not
-    /// members now): they could be all the stores that know the log. Asked again when the members
-    /// are no longer `members`.
+    /// members now): they could be all the stores that know the log. Asked again when the
+    /// members are no longer `members`, or fewer stores are unheard (some were forgotten).
     Stores {
         members: Vec<Address>,
         unheard: Vec<ReplicaId>,
@@ -197,6 +197,7 @@ impl Locating {
         }
         let unheard = self.unheard_stores(ctx);
         if unheard.len() >= ctx.settings.quorums.write_quorum() {
+            ctx.counters.creations_held += 1;
             self.awaiting = Some(Awaiting::Stores {
                 members: ctx.placement.members.clone(),
                 unheard,
@@ -236,7 +237,10 @@ impl Locating {
         let again = match &self.awaiting {
             None => false,
             Some(Awaiting::Convergence) => ctx.placement.converged,
-            Some(Awaiting::Stores { members, .. }) => *members != ctx.placement.members,
+            Some(Awaiting::Stores { members, .. }) => {
+                *members != ctx.placement.members
+                    || self.unheard_stores(ctx).len() < ctx.settings.quorums.write_quorum()
+            }
         };
         if !again {
             return Next::Stay;
@@ -259,8 +263,8 @@ impl Locating {
                 let stores: Vec<String> = unheard.iter().map(|r| r.to_string()).collect();
                 format!(
                     "the log is not known to any member, but {} stores this node has seen in \
-                     the cluster are not members now and could hold it: {} (it is created \
-                     once fewer of them than the write quorum are unheard)",
+                     the cluster did not answer and could hold it: {} (it is created once \
+                     fewer of them than the write quorum are unheard)",
                     unheard.len(),
                     stores.join(", ")
                 )

@@ -218,6 +218,9 @@ pub struct WriterCounters {
     pub reconfigurations: u64,
     /// Confirmations answered within a read lease, without a round to the replicas.
     pub confirms_from_lease: u64,
+    /// Times a log no member knew was not created because too many of the stores this node
+    /// has seen did not answer.
+    pub creations_held: u64,
 }
 
 /// Everything phases share: settings, the clock of this step, outputs, open requests.
