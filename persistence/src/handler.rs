@@ -149,11 +149,11 @@ impl ReplicaHandler {
                     }
                 })
             }
-            ReplicaRequest::NamesStore { storage_id } => {
+            ReplicaRequest::NamesStore { storage_id, after } => {
                 let store = self.store.clone();
                 Box::pin(async move {
-                    match crate::store::log_naming(store.as_ref(), storage_id).await {
-                        Ok(log) => ReplicaReply::NamedBy { log },
+                    match crate::store::logs_naming(store.as_ref(), storage_id, after).await {
+                        Ok((logs, next)) => ReplicaReply::NamedBy { logs, next },
                         Err(e) => failed(e),
                     }
                 })

@@ -36,10 +36,12 @@ pub enum ForgetStoreError {
     Unknown { storage_id: u64 },
     #[error("the store {store} runs at {address}, a member of the cluster")]
     Running { store: ReplicaId, address: Address },
+    #[error("the member {member} did not say which store it runs (it could be the store {store})")]
+    MemberSilent { store: ReplicaId, member: Address },
     #[error(
-        "the log {log:?} on the store {by} names the store {store} in its configuration: its \
-         writer moves it off a store whose node is no member (the maintenance scan starts \
-         one); forget the store once no log names it"
+        "the log {log:?} on the store {by} names the store {store} in its latest \
+         configuration: its writer moves it off a store whose node is no member (the \
+         maintenance scan starts one); forget the store once no log names it"
     )]
     Named {
         store: ReplicaId,
@@ -171,8 +173,7 @@ impl ReplicatedJournal {
         }
     }
 
-    /// The stores this node has seen in the cluster ([`crate::known_stores`]), each with
-    /// whether a member runs it now (its node answered the last probe with it).
+    /// The stores this node has seen in the cluster ([`crate::known_stores`]).
     pub async fn known_stores(&self) -> Result<Vec<ReplicaId>, JournalError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.writers.send(Command::KnownStores { reply })?;
@@ -180,13 +181,15 @@ impl ReplicatedJournal {
     }
 
     /// Forgets a store that is gone for good, on this node (an operator runs it on every
-    /// node). Refused while a member runs the store, and unless every other store this node
-    /// knows answers, from where it was last seen, that none of its logs names it in its
-    /// configuration: then no remembered store still counts on it, and the logs it held
-    /// have other replicas (the maintenance scan moves a log off a store whose node is no
-    /// member). A log known only to forgotten stores is then not found, so this is an
-    /// operator's decision that the store is gone. Stores in `also_gone` (gone for good as
-    /// well, so unable to answer) are not asked: what only they and this store hold is lost.
+    /// node). Refused while a member runs the store (or any member does not say which store
+    /// it runs), and unless every other store this node knows answers, from where it was
+    /// last seen, that no log it holds names the store in the log's latest configuration
+    /// (a copy left behind by an older configuration does not count): then no remembered
+    /// store still counts on it, and the logs it held have other replicas (the maintenance
+    /// scan moves a log off a store whose node is no member). A log known only to forgotten
+    /// stores is then not found, so this is an operator's decision that the store is gone.
+    /// Stores in `also_gone` (gone for good as well, so unable to answer) are not asked:
+    /// what only they and this store hold is given up.
     pub async fn forget_store(
         &self,
         storage_id: u64,
@@ -208,65 +211,88 @@ impl ReplicatedJournal {
             .map(|m| m.address().clone())
             .collect();
         let running = crate::maintenance::probe_storage_ids(&self.caller, &members).await;
-        if let Some((address, _)) = running.iter().find(|(_, id)| **id == storage_id) {
-            return Err(ForgetStoreError::Running {
+        if let Some(silent) = members.iter().find(|m| !running.contains_key(*m)) {
+            return Err(ForgetStoreError::MemberSilent {
                 store,
-                address: address.clone(),
+                member: silent.clone(),
             });
         }
-        let asks = known
+        let local = self.store.storage_id();
+        for gone in std::iter::once(storage_id).chain(also_gone.iter().copied()) {
+            let at = running
+                .iter()
+                .find(|(_, id)| **id == gone)
+                .map(|(address, _)| address.clone());
+            if let Some(address) = at {
+                return Err(ForgetStoreError::Running {
+                    store: ReplicaId::new(address.clone(), gone),
+                    address,
+                });
+            }
+            if gone == local {
+                return Err(ForgetStoreError::Running {
+                    store: ReplicaId::new(self.caller.local().0.clone(), gone),
+                    address: self.caller.local().0.clone(),
+                });
+            }
+        }
+        for other in known
             .iter()
-            .filter(|other| {
-                other.storage_id != storage_id && !also_gone.contains(&other.storage_id)
-            })
-            .map(|other| {
-                let reply = self.caller.call_any(
-                    &other.address,
-                    ReplicaCall {
-                        log: crate::maintenance::STORAGE_PROBE_LOG.to_string(),
-                        storage_id: Some(other.storage_id),
-                        request: ReplicaRequest::NamesStore { storage_id },
-                    },
-                );
-                async move { (other.clone(), reply.await) }
-            });
-        for (other, reply) in futures::future::join_all(asks).await {
-            match reply {
-                Ok(ReplicaReply::NamedBy { log: None }) => {}
-                Ok(ReplicaReply::NamedBy { log: Some(log) }) => {
-                    return Err(ForgetStoreError::Named {
-                        store,
-                        by: other,
-                        log,
+            .filter(|o| o.storage_id != storage_id && !also_gone.contains(&o.storage_id))
+        {
+            let mut after = None;
+            loop {
+                let reply = self
+                    .caller
+                    .call_any(
+                        &other.address,
+                        ReplicaCall {
+                            log: crate::maintenance::STORAGE_PROBE_LOG.to_string(),
+                            storage_id: Some(other.storage_id),
+                            request: ReplicaRequest::NamesStore {
+                                storage_id,
+                                after: after.clone(),
+                            },
+                        },
+                    )
+                    .await;
+                let unheard = |reason: String| ForgetStoreError::Unheard {
+                    store: store.clone(),
+                    other: other.clone(),
+                    reason,
+                };
+                let (logs, next) = match reply {
+                    Ok(ReplicaReply::NamedBy { logs, next }) => (logs, next),
+                    Ok(ReplicaReply::WrongStorage { storage_id: found }) => {
+                        return Err(unheard(format!(
+                            "another store ({found:016x}) answers at its address"
+                        )));
+                    }
+                    Ok(ReplicaReply::Failed { reason }) => return Err(unheard(reason)),
+                    Ok(reply) => return Err(unheard(format!("unexpected answer {reply:?}"))),
+                    Err(reason) => return Err(unheard(reason)),
+                };
+                for log in logs {
+                    // A copy an older configuration left on a store it dropped keeps naming
+                    // the store; only the log's latest configuration counts.
+                    let latest = self.inspect(&log).await.config;
+                    let named = latest.is_none_or(|at| {
+                        at.config
+                            .all_members()
+                            .iter()
+                            .any(|m| m.storage_id == storage_id)
                     });
+                    if named {
+                        return Err(ForgetStoreError::Named {
+                            store,
+                            by: other.clone(),
+                            log,
+                        });
+                    }
                 }
-                Ok(ReplicaReply::WrongStorage { storage_id: found }) => {
-                    return Err(ForgetStoreError::Unheard {
-                        store,
-                        other,
-                        reason: format!("another store ({found:016x}) answers at its address"),
-                    });
-                }
-                Ok(ReplicaReply::Failed { reason }) => {
-                    return Err(ForgetStoreError::Unheard {
-                        store,
-                        other,
-                        reason,
-                    });
-                }
-                Ok(reply) => {
-                    return Err(ForgetStoreError::Unheard {
-                        store,
-                        other,
-                        reason: format!("unexpected answer {reply:?}"),
-                    });
-                }
-                Err(reason) => {
-                    return Err(ForgetStoreError::Unheard {
-                        store,
-                        other,
-                        reason,
-                    });
+                match next {
+                    Some(next) => after = Some(next),
+                    None => break,
                 }
             }
         }

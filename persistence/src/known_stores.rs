@@ -6,15 +6,15 @@
 //! the first node is Up alone: the members it sees are no proof of absence, but the stores
 //! it saw before are.
 //!
-//! A node learns a store when its probe of the members finds it, and when a log its own
-//! store holds names it in its configuration (so a store written before the list existed
-//! knows its peers). Nothing is forgotten by itself: no node can tell alone that no log
-//! anywhere still needs a store that left, crashed for good or lost its disk (a graceful
-//! stop is a leave too, and a cluster stopped one node at a time must still find its logs).
-//! An operator forgets a store that is gone for good on each node
-//! ([`crate::ReplicatedJournal::forget_store`]), which refuses while the node's own store
-//! holds a log that names it. While W unheard stores are remembered, logs no member knows
-//! are not created.
+//! A node learns a store when its probe of the members finds it; a node without a list yet
+//! (new, or upgraded from a release without it) also learns, in its first scan, every store
+//! the configurations of the logs it holds name. Nothing is forgotten by itself: no node
+//! can tell alone that no log anywhere still needs a store that left, crashed for good or
+//! lost its disk (a graceful stop is a leave too, and a cluster stopped one node at a time
+//! must still find its logs). An operator forgets a store that is gone for good on each node
+//! ([`crate::ReplicatedJournal::forget_store`]), which refuses while a member runs it or
+//! unless every other known store answers that no log's latest configuration names it.
+//! While W unheard stores are remembered, logs no member knows are not created.
 //!
 //! The file is text, one store per line after a header line:
 //! `<storage id, 16 hex digits> <host:port>`. It is replaced atomically (written beside,

@@ -95,9 +95,11 @@ impl Persistence {
         queries: Arc<dyn Journal>,
         settings: PersistenceSettings,
     ) -> Result<Self, StartError> {
-        let known_stores = match &settings.known_stores_path {
-            Some(path) => KnownStores::load(path)?,
-            None => KnownStores::default(),
+        // A node that has no list yet (a new one, or one upgraded from a release without
+        // it) also learns the stores its logs' configurations name.
+        let (known_stores, learn_from_configs) = match &settings.known_stores_path {
+            Some(path) => (KnownStores::load(path)?, !path.exists()),
+            None => (KnownStores::default(), false),
         };
         let handler = Arc::new(ReplicaHandler {
             store: store.clone(),
@@ -130,6 +132,7 @@ impl Persistence {
             writers.clone(),
             membership,
             maintenance_settings,
+            learn_from_configs,
         );
         let snapshots = Arc::new(ReplicatedSnapshotStore::new(
             writers.clone(),

@@ -90,13 +90,17 @@ pub fn takes_care(config: &Configuration, members: &BTreeSet<Address>, local: &A
         .is_some_and(|m| &m.address == local)
 }
 
-/// Starts the scan.
+/// Starts the scan. With `learn_from_configs` (the node had no list of known stores yet, as
+/// after an upgrade), its first pass also teaches the writers every store the
+/// configurations of the logs held here name; afterwards only the probes do (a copy an
+/// older configuration left here may name a store an operator has since forgotten).
 pub(crate) fn start(
     store: Arc<dyn ReplicaStore>,
     caller: Arc<dyn ReplicaCaller>,
     writers: Writers,
     mut membership: watch::Receiver<ClusterSnapshot>,
     settings: MaintenanceSettings,
+    mut learn_from_configs: bool,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let local = caller.local().0.clone();
@@ -152,17 +156,28 @@ pub(crate) fn start(
             } else {
                 page.last().map(|(id, _)| id.clone())
             };
-            // Every store a configuration here names may hold logs: the writers learn them.
-            let named: BTreeSet<(Address, u64)> = page
-                .iter()
-                .flat_map(|(_, config)| config.config.all_members())
-                .map(|m| (m.address, m.storage_id))
-                .collect();
-            if !named.is_empty() {
-                let _ = writers.send(Command::StoresSeen {
-                    answered: Vec::new(),
-                    named: named.into_iter().collect(),
-                });
+            if learn_from_configs {
+                // Every store a configuration here names may hold logs.
+                let named: BTreeSet<(Address, u64)> = page
+                    .iter()
+                    .flat_map(|(_, config)| config.config.all_members())
+                    .map(|m| (m.address, m.storage_id))
+                    .collect();
+                let sent = named.is_empty()
+                    || writers
+                        .send(Command::StoresSeen {
+                            answered: Vec::new(),
+                            named: named.into_iter().collect(),
+                        })
+                        .is_ok();
+                if !sent {
+                    // The writers are busy: this pass starts again.
+                    after = None;
+                    continue;
+                }
+                if after.is_none() {
+                    learn_from_configs = false;
+                }
             }
             let mut started = 0;
             let now = tokio::time::Instant::now();

@@ -24,6 +24,11 @@ pub struct PersistenceMetrics {
     pub reconfigurations: AtomicU64,
     /// Writers live now.
     pub writers: AtomicU64,
+    /// Times a log no member knew was not created because too many of the stores this node
+    /// has seen did not answer.
+    pub creations_held: AtomicU64,
+    /// Stores this node has seen in the cluster and not forgotten.
+    pub known_stores: AtomicU64,
     /// How long acknowledged appends took, from the call to the write quorum's
     /// acknowledgement. Shared, not copied into snapshots: the node renders it in `/metrics`.
     pub append_durations: LatencyHistogram,
@@ -55,6 +60,8 @@ pub struct PersistenceMetricsSnapshot {
     pub entries_copied: u64,
     pub reconfigurations: u64,
     pub writers: u64,
+    pub creations_held: u64,
+    pub known_stores: u64,
 }
 
 impl PersistenceMetrics {
@@ -69,6 +76,8 @@ impl PersistenceMetrics {
             entries_copied: Self::get(&self.entries_copied),
             reconfigurations: Self::get(&self.reconfigurations),
             writers: Self::get(&self.writers),
+            creations_held: Self::get(&self.creations_held),
+            known_stores: Self::get(&self.known_stores),
         }
     }
 }

@@ -111,31 +111,46 @@ impl ReplicaStore for RocksReplicaStore {
     }
 }
 
-/// Logs read per page when looking for one that names a store.
+/// Logs read per page when looking for those that name a store.
 const NAMING_SCAN_PAGE: usize = 512;
+/// Logs read at most per [`logs_naming`] call (one replica request: it must answer well
+/// within a request's timeout).
+pub const NAMING_SCAN_LOGS: usize = 8_192;
+/// Logs naming the store returned at most per call.
+const NAMING_MAX_FOUND: usize = 64;
 
-/// A log `store` holds whose configuration (either part of a joint one) names the store
-/// `storage_id`, if any: a scan of every log's configuration, a page at a time.
-pub(crate) async fn log_naming(
+/// Logs `store` holds, after `after`, whose configuration (either part of a joint one)
+/// names the store `storage_id`: at most [`NAMING_SCAN_LOGS`] are read, and where to go on
+/// is returned when there are more.
+pub(crate) async fn logs_naming(
     store: &dyn ReplicaStore,
     storage_id: u64,
-) -> Result<Option<String>, StoreError> {
-    let mut after = None;
+    mut after: Option<String>,
+) -> Result<(Vec<String>, Option<String>), StoreError> {
+    let mut found = Vec::new();
+    let mut read = 0;
     loop {
         let page = store.logs(after, NAMING_SCAN_PAGE).await?;
-        if let Some((log, _)) = page.iter().find(|(_, config)| {
-            config
-                .config
-                .all_members()
-                .iter()
-                .any(|m| m.storage_id == storage_id)
-        }) {
-            return Ok(Some(log.clone()));
-        }
+        read += page.len();
+        found.extend(
+            page.iter()
+                .filter(|(_, config)| {
+                    config
+                        .config
+                        .all_members()
+                        .iter()
+                        .any(|m| m.storage_id == storage_id)
+                })
+                .map(|(log, _)| log.clone()),
+        );
+        let last = page.last().map(|(log, _)| log.clone());
         if page.len() < NAMING_SCAN_PAGE {
-            return Ok(None);
+            return Ok((found, None));
         }
-        after = page.last().map(|(log, _)| log.clone());
+        if read >= NAMING_SCAN_LOGS || found.len() >= NAMING_MAX_FOUND {
+            return Ok((found, last));
+        }
+        after = last;
     }
 }
 

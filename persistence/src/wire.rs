@@ -37,9 +37,14 @@ pub enum ReplicaRequest {
     LoadSnapshot { criteria: Criteria },
     /// Delete the log's snapshots within the bounds, if `epoch` is not below its promise.
     DeleteSnapshots { epoch: Epoch, criteria: Criteria },
-    /// Which log held here names the store `storage_id` in its configuration, if any (the
-    /// call's log is not used): an operator forgets a store only once no store does.
-    NamesStore { storage_id: u64 },
+    /// Which logs held here, after `after` in log order, name the store `storage_id` in
+    /// their configuration (the call's log is not used): an operator forgets a store only
+    /// once no log's latest configuration does. A bounded part of the store is read per
+    /// call.
+    NamesStore {
+        storage_id: u64,
+        after: Option<String>,
+    },
 }
 
 /// A snapshot on the wire.
@@ -82,9 +87,11 @@ pub enum ReplicaReply {
     Done,
     /// The snapshot found, if any.
     Snapshot(Option<SnapshotData>),
-    /// A log held here whose configuration names the store asked about, if any.
+    /// Logs held here whose configuration names the store asked about, among those read;
+    /// `next`: where to go on, if the store holds more.
     NamedBy {
-        log: Option<String>,
+        logs: Vec<String>,
+        next: Option<String>,
     },
 }
 

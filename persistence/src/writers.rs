@@ -436,6 +436,10 @@ impl Actor {
     /// Saves the list of known stores on a blocking thread: the task goes on meanwhile, and
     /// a save that finds a later list on disk already leaves it.
     fn save_known_stores(&mut self) {
+        self.metrics.known_stores.store(
+            self.known_stores.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let Some(file) = self.known_stores_file.as_mut() else {
             return;
         };
@@ -845,10 +849,12 @@ impl Actor {
         let counters = slot.writer.counters();
         let copied = counters.entries_copied - slot.counted.entries_copied;
         let moved = counters.reconfigurations - slot.counted.reconfigurations;
+        let held = counters.creations_held - slot.counted.creations_held;
         slot.counted = counters;
         let instance = slot.instance;
         PersistenceMetrics::add(&self.metrics.entries_copied, copied);
         PersistenceMetrics::add(&self.metrics.reconfigurations, moved);
+        PersistenceMetrics::add(&self.metrics.creations_held, held);
         let mut stopped = false;
         for output in outputs.drain(..) {
             match output {

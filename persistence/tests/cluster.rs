@@ -370,7 +370,10 @@ async fn an_idle_log_moves_off_a_member_that_left() {
         .await
         .unwrap_err();
     assert!(
-        matches!(refused, tessera_persistence::ForgetStoreError::Running { .. }),
+        matches!(
+            refused,
+            tessera_persistence::ForgetStoreError::Running { .. }
+        ),
         "{refused}"
     );
     let spare = nodes
@@ -794,4 +797,47 @@ async fn a_node_up_alone_after_a_full_restart_does_not_create_a_log_again() {
         payloads(restarted.journal.as_ref(), "log-r").await,
         ["e1", "e2", "e3"]
     );
+}
+
+/// A store that a log's latest configuration still names cannot be forgotten: the log is
+/// not moved off it here (no writer runs, and maintenance never takes a log over), so every
+/// known store is asked and the configurations name it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_a_log_still_names_is_not_forgotten() {
+    let mut settings = settings();
+    settings.writers.writer_idle_timeout = Duration::from_millis(300);
+    settings.maintenance.takeover_grace = Duration::from_secs(3600);
+    let (network, nodes) = cluster_with(4, settings).await;
+    let a = nodes[0].persistence.journal.clone();
+    a.append(write("log-n", 1, "e1")).await.unwrap();
+    let config = a.writer_status("log-n").await.unwrap().config.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.writer_status("log-n").await.is_some() || a.known_stores().await.unwrap().len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "the writer stays");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let gone = config
+        .members
+        .iter()
+        .find(|m| m.address != nodes[0].transport.local().address)
+        .unwrap()
+        .clone();
+    network.crash(&gone.address);
+    let remaining: Vec<Address> = nodes
+        .iter()
+        .map(|n| n.transport.local().address.clone())
+        .filter(|address| *address != gone.address)
+        .collect();
+    for node in &nodes {
+        let address = node.transport.local().address.clone();
+        if let Some(me) = remaining.iter().position(|a| *a == address) {
+            node.membership.send_replace(snapshot(me, &remaining));
+        }
+    }
+    let refused = a.forget_store(gone.storage_id, &[]).await.unwrap_err();
+    match &refused {
+        tessera_persistence::ForgetStoreError::Named { log, .. } => assert_eq!(log, "log-n"),
+        other => panic!("{other}"),
+    }
+    assert_eq!(a.known_stores().await.unwrap().len(), 4);
 }

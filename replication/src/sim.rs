@@ -296,6 +296,8 @@ pub struct Stats {
     /// Times a writer did not create the log because too many known stores were unheard
     /// (counted when the writer ends).
     pub creations_held: u64,
+    /// Stores the operator forgot on a node.
+    pub stores_forgotten: u64,
 }
 
 impl Simulation {
@@ -467,8 +469,9 @@ impl Simulation {
 
     /// The operator forgets the stores gone for good on each member, as `DELETE
     /// /known-stores/{id}?gone=...` (naming the other gone stores) allows it: no member runs
-    /// the store, and every other store the node knows, but those gone too, is reachable
-    /// and holds no configuration that names it.
+    /// the store, and every other store the node knows, but those gone too, answers from
+    /// the address the node knows it at and holds no configuration naming it, unless the
+    /// log's latest configuration among the members does not name it.
     fn operator_forgets(&mut self) {
         if self.gone.is_empty() {
             return;
@@ -479,6 +482,17 @@ impl Simulation {
                 .as_ref()
                 .and_then(|m| m.config.as_ref())
                 .is_some_and(|c| c.config.all_members().iter().any(|r| r.storage_id == store))
+        };
+        let latest = self
+            .members
+            .iter()
+            .filter(|&&m| !self.nodes[m].down)
+            .filter_map(|&m| self.nodes[m].log.meta.as_ref()?.config.clone())
+            .max_by_key(|c| c.rank());
+        let latest_names = |store: u64| {
+            latest
+                .as_ref()
+                .is_none_or(|c| c.config.all_members().iter().any(|r| r.storage_id == store))
         };
         let members: Vec<usize> = self.members.iter().copied().collect();
         let mut changed = false;
@@ -498,19 +512,22 @@ impl Simulation {
                 }
                 let clear = self.nodes[i]
                     .known_stores
-                    .keys()
-                    .filter(|&&other| other != store && !self.gone.contains(&other))
-                    .all(|&other| {
+                    .iter()
+                    .filter(|(other, _)| **other != store && !self.gone.contains(*other))
+                    .all(|(other, address)| {
                         self.nodes.iter().enumerate().any(|(j, node)| {
-                            node.storage_id == other
+                            node.storage_id == *other
+                                && node.address == *address
                                 && !node.down
+                                && self.paused(j).is_none()
                                 && !self.cut.contains(&(i, j))
                                 && !self.cut.contains(&(j, i))
-                                && !names(node, store)
+                                && !(names(node, store) && latest_names(store))
                         })
                     });
                 if clear {
                     self.nodes[i].known_stores.remove(&store);
+                    self.stats.stores_forgotten += 1;
                     changed = true;
                 }
             }

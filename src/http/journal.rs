@@ -60,12 +60,16 @@ async fn known_stores(
 }
 
 fn parse_storage_id(text: &str) -> Result<u64, ApiError> {
-    u64::from_str_radix(text, 16).map_err(|e| {
+    let invalid = |reason: String| {
         ApiError::bad_request(format!(
-            "invalid storage id {:?}: {e} (expected up to 16 hex digits)",
+            "invalid storage id {:?}: {reason} (expected 1 to 16 hex digits)",
             tessera_journal::name_excerpt(text)
         ))
-    })
+    };
+    if text.is_empty() || text.len() > 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(invalid("not 1 to 16 hex digits".to_string()));
+    }
+    u64::from_str_radix(text, 16).map_err(|e| invalid(e.to_string()))
 }
 
 #[derive(serde::Deserialize)]
@@ -76,8 +80,8 @@ struct ForgetQuery {
 
 /// Forgets a store (16 hex digits, as `GET /known-stores` shows it), `?gone=ID,ID` naming
 /// other stores gone for good that need not answer: 200 `{"forgotten": id}`; 404 unknown;
-/// 409 while a member runs it, a log on a known store names it, or a known store does not
-/// answer.
+/// 409 while a member runs it or a log's latest configuration names it; 503 while a known
+/// store or a member does not answer.
 async fn forget_store(
     State(journal): State<Arc<ReplicatedJournal>>,
     path: Result<Path<String>, PathRejection>,
@@ -96,11 +100,12 @@ async fn forget_store(
     match journal.forget_store(storage_id, &also_gone).await {
         Ok(()) => Ok(Json(json!({ "forgotten": format!("{storage_id:016x}") }))),
         Err(e @ ForgetStoreError::Unknown { .. }) => Err(ApiError::not_found(e.to_string())),
-        Err(
-            e @ (ForgetStoreError::Running { .. }
-            | ForgetStoreError::Named { .. }
-            | ForgetStoreError::Unheard { .. }),
-        ) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+        Err(e @ (ForgetStoreError::Running { .. } | ForgetStoreError::Named { .. })) => {
+            Err(ApiError::new(StatusCode::CONFLICT, e.to_string()))
+        }
+        Err(e @ (ForgetStoreError::Unheard { .. } | ForgetStoreError::MemberSilent { .. })) => {
+            Err(ApiError::unavailable(e.to_string()))
+        }
         Err(e @ ForgetStoreError::Journal(_)) => Err(ApiError::unavailable(e.to_string())),
     }
 }

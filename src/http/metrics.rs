@@ -599,6 +599,12 @@ impl Scrape {
                  to N.",
                 journal.reconfigurations,
             ),
+            (
+                "tessera_journal_creations_held_total",
+                "Times a log no member knew was not created because at least W of the stores \
+                 this node has seen did not answer.",
+                journal.creations_held,
+            ),
         ] {
             out.one(Counter, name, help, value)?;
         }
@@ -607,6 +613,12 @@ impl Scrape {
             "tessera_journal_writers",
             "Log writers this node runs now.",
             journal.writers,
+        )?;
+        out.one(
+            Gauge,
+            "tessera_journal_known_stores",
+            "Journal stores this node has seen in the cluster and not forgotten.",
+            journal.known_stores,
         )?;
         let latencies = &self.0.latencies;
         out.histogram(
@@ -913,12 +925,16 @@ TYPE tessera_journal_appends_total counter
   tessera_journal_appends_total{outcome="acknowledged"}
   tessera_journal_appends_total{outcome="not_applied"}
   tessera_journal_appends_total{outcome="unknown"}
+TYPE tessera_journal_creations_held_total counter
+  tessera_journal_creations_held_total
 TYPE tessera_journal_fenced_total counter
   tessera_journal_fenced_total
 TYPE tessera_journal_fsync_duration_seconds histogram
   tessera_journal_fsync_duration_seconds_bucket{le}
   tessera_journal_fsync_duration_seconds_count
   tessera_journal_fsync_duration_seconds_sum
+TYPE tessera_journal_known_stores gauge
+  tessera_journal_known_stores
 TYPE tessera_journal_reconfigurations_total counter
   tessera_journal_reconfigurations_total
 TYPE tessera_journal_recoveries_total counter
