@@ -9,12 +9,14 @@ use smol_str::SmolStr;
 use tessera_replication::Payload;
 use tessera_storage::Manifest;
 
-/// An event in a replicated log (its sequence number is the entry's).
+/// An event in a replicated log (its sequence number is the entry's). The names are shared,
+/// not copied, when the event is (a writer keeps a copy for each replica it sends it to and
+/// one in its window); on the wire and on disk they are plain strings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredEvent {
     pub timestamp_ms: u64,
-    pub writer_id: String,
-    pub manifest: String,
+    pub writer_id: SmolStr,
+    pub manifest: SmolStr,
     pub manifest_version: u32,
     pub payload: Bytes,
     pub tags: Vec<String>,
@@ -22,11 +24,11 @@ pub struct StoredEvent {
 
 impl StoredEvent {
     /// The event of a write, by `writer_id`.
-    pub fn from_new(writer_id: &str, event: &NewEvent) -> Self {
+    pub fn from_new(writer_id: &SmolStr, event: &NewEvent) -> Self {
         StoredEvent {
             timestamp_ms: event.timestamp_ms,
-            writer_id: writer_id.to_string(),
-            manifest: event.manifest.type_name.to_string(),
+            writer_id: writer_id.clone(),
+            manifest: event.manifest.type_name.clone(),
             manifest_version: event.manifest.version,
             payload: event.payload.clone(),
             tags: event.tags.clone(),
@@ -40,8 +42,8 @@ impl StoredEvent {
             timestamp_ms: self.timestamp_ms,
             payload: self.payload.clone(),
             persistence_id: SmolStr::new(persistence_id),
-            writer_id: SmolStr::new(&self.writer_id),
-            manifest: Manifest::new(self.manifest.as_str(), self.manifest_version),
+            writer_id: self.writer_id.clone(),
+            manifest: Manifest::new(self.manifest.clone(), self.manifest_version),
         }
     }
 
@@ -50,7 +52,7 @@ impl StoredEvent {
         NewEvent {
             sequence_nr,
             timestamp_ms: self.timestamp_ms,
-            manifest: Manifest::new(self.manifest.as_str(), self.manifest_version),
+            manifest: Manifest::new(self.manifest.clone(), self.manifest_version),
             payload: self.payload.clone(),
             tags: self.tags.clone(),
         }

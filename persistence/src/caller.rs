@@ -5,6 +5,7 @@ use crate::handler::ReplicaHandler;
 use crate::wire::{ReplicaCall, ReplicaCalls, ReplicaReply, ReplicaRequest, decode_replies};
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use smol_str::SmolStr;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_cluster::Address;
@@ -43,7 +44,7 @@ pub(crate) trait ReplicaCaller: Send + Sync + 'static {
         request: Request<StoredEvent>,
     ) -> BoxFuture<'static, CallResult> {
         let call = ReplicaCall {
-            log: log.to_string(),
+            log: SmolStr::new(log),
             storage_id: match to {
                 Target::Replica(r) => Some(r.storage_id),
                 Target::Address(_) => None,

@@ -76,7 +76,7 @@ impl ReplicaHandler {
             }
             match call.request {
                 ReplicaRequest::Log(request) => {
-                    log_requests.push((call.log, request));
+                    log_requests.push((call.log.to_string(), request));
                     answers.push(None);
                 }
                 request => answers.push(Some(self.handle(ReplicaCall { request, ..call }))),
@@ -116,7 +116,7 @@ impl ReplicaHandler {
             ReplicaRequest::SaveSnapshot { epoch, snapshot } => {
                 let fence = self.fence(&call.log, epoch);
                 let snapshots = self.snapshots.clone();
-                let log = call.log;
+                let log = call.log.to_string();
                 Box::pin(async move {
                     if let Err(reply) = fence.await {
                         return reply;
@@ -161,7 +161,7 @@ impl ReplicaHandler {
             ReplicaRequest::DeleteSnapshots { epoch, criteria } => {
                 let fence = self.fence(&call.log, epoch);
                 let snapshots = self.snapshots.clone();
-                let log = call.log;
+                let log = call.log.to_string();
                 Box::pin(async move {
                     if let Err(reply) = fence.await {
                         return reply;

@@ -13,6 +13,7 @@ use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
 use crate::writers::{Command, ReadyLog, Writers};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
+use smol_str::SmolStr;
 use std::sync::Arc;
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::{Address, MemberStatus};
@@ -247,7 +248,7 @@ impl ReplicatedJournal {
                     .call_any(
                         &other.address,
                         ReplicaCall {
-                            log: crate::maintenance::STORAGE_PROBE_LOG.to_string(),
+                            log: SmolStr::new_static(crate::maintenance::STORAGE_PROBE_LOG),
                             storage_id: Some(other.storage_id),
                             request: ReplicaRequest::NamesStore {
                                 storage_id,

@@ -20,6 +20,7 @@ use crate::caller::ReplicaCaller;
 use crate::store::ReplicaStore;
 use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
 use crate::writers::{Command, Writers};
+use smol_str::SmolStr;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -222,7 +223,7 @@ pub(crate) async fn probe_storage_ids(
         let reply = caller.call_any(
             address,
             ReplicaCall {
-                log: STORAGE_PROBE_LOG.to_string(),
+                log: SmolStr::new_static(STORAGE_PROBE_LOG),
                 storage_id: None,
                 request: ReplicaRequest::Log(Request::Locate),
             },

@@ -13,6 +13,7 @@ use crate::writers::{Command, ServingLog, Writers};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, join_all};
+use smol_str::SmolStr;
 use std::sync::Arc;
 use tessera_journal::Manifest;
 use tessera_replication::Quorums;
@@ -70,7 +71,7 @@ impl ReplicatedSnapshotStore {
                 caller.call_any(
                     &member.address,
                     ReplicaCall {
-                        log: persistence_id.clone(),
+                        log: SmolStr::new(&persistence_id),
                         storage_id: Some(member.storage_id),
                         request: make(log.epoch),
                     },
@@ -158,7 +159,7 @@ impl SnapshotStore for ReplicatedSnapshotStore {
                 caller.call_any(
                     &member.address,
                     ReplicaCall {
-                        log: persistence_id.clone(),
+                        log: SmolStr::new(&persistence_id),
                         storage_id: Some(member.storage_id),
                         request: ReplicaRequest::LoadSnapshot {
                             criteria: Criteria::from_selection(&criteria),

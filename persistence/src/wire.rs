@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
 use tessera_journal::StoredEvent;
 use tessera_replication::{Epoch, Request, Response};
 
@@ -15,8 +16,8 @@ pub const BATCH_WIRE_FORMAT_VERSION: u8 = 2;
 /// A writer's call to a node's replica store.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaCall {
-    /// The log (persistence id).
-    pub log: String,
+    /// The log (persistence id): a short one is kept inline, without an allocation per call.
+    pub log: SmolStr,
     /// The store the writer expects there (`None` while locating): a node whose store is
     /// another answers [`ReplicaReply::WrongStorage`] and touches nothing.
     pub storage_id: Option<u64>,

@@ -11,6 +11,7 @@ use crate::known_stores::KnownStores;
 use crate::metrics::PersistenceMetrics;
 use crate::wire::{ReplicaCall, ReplicaRequest};
 use futures::FutureExt;
+use smol_str::SmolStr;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -587,10 +588,12 @@ impl Actor {
                 };
                 let op = self.next_op();
                 let first_seq = write.events.first().map_or(0, |e| e.sequence_nr);
+                // One copy of the name, shared by the write's events.
+                let writer_id = smol_str::SmolStr::new(&write.writer_id);
                 let payloads = write
                     .events
                     .iter()
-                    .map(|e| StoredEvent::from_new(&write.writer_id, e))
+                    .map(|e| StoredEvent::from_new(&writer_id, e))
                     .collect();
                 if let Some(slot) = self.slots.get_mut(&id) {
                     slot.last_used = now;
@@ -864,7 +867,7 @@ impl Actor {
                     request: body,
                 } => {
                     let call = ReplicaCall {
-                        log: id.to_string(),
+                        log: SmolStr::new(&**id),
                         storage_id: match &to {
                             Target::Replica(r) => Some(r.storage_id),
                             Target::Address(_) => None,

@@ -117,7 +117,7 @@ pub fn replica_requests(data: &[u8]) {
         let ReplicaRequest::Log(request) = call.request else {
             continue;
         };
-        let log = logs.entry(call.log.clone()).or_default();
+        let log = logs.entry(call.log.to_string()).or_default();
         log.handle(&rules, request, LIMITS);
         assert_consistent(&call.log, log);
     }

@@ -230,8 +230,8 @@ fn entries_with(
         let decoded = decoder.decode(&name, seq, key, value)?;
         let event = StoredEvent {
             timestamp_ms: decoded.repr.timestamp_ms,
-            writer_id: decoded.repr.writer_id.to_string(),
-            manifest: decoded.repr.manifest.type_name.to_string(),
+            writer_id: decoded.repr.writer_id,
+            manifest: decoded.repr.manifest.type_name,
             manifest_version: decoded.repr.manifest.version,
             payload: decoded.repr.payload,
             tags: decoded.tags,
