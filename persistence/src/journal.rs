@@ -118,14 +118,7 @@ impl ReplicatedJournal {
     /// its configuration, and each replica's promise, last entry, acknowledged mark and
     /// deleted prefix.
     pub async fn inspect(&self, persistence_id: &str) -> LogInspection {
-        let addresses: Vec<Address> = self
-            .membership
-            .borrow()
-            .members
-            .iter()
-            .filter(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
-            .map(|m| m.address().clone())
-            .collect();
+        let addresses: Vec<Address> = self.live_members();
         let calls = addresses.iter().map(|address| {
             let reply = self.caller.call(
                 &Target::Address(address.clone()),
@@ -174,6 +167,17 @@ impl ReplicatedJournal {
         }
     }
 
+    /// The members that are neither down nor removed: those that may answer.
+    fn live_members<C: FromIterator<Address>>(&self) -> C {
+        self.membership
+            .borrow()
+            .members
+            .iter()
+            .filter(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
+            .map(|m| m.address().clone())
+            .collect()
+    }
+
     /// The stores this node has seen in the cluster ([`crate::known_stores`]).
     pub async fn known_stores(&self) -> Result<Vec<ReplicaId>, JournalError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -203,14 +207,7 @@ impl ReplicatedJournal {
         let Some(store) = known.iter().find(|s| s.storage_id == storage_id).cloned() else {
             return Err(ForgetStoreError::Unknown { storage_id });
         };
-        let members: std::collections::BTreeSet<Address> = self
-            .membership
-            .borrow()
-            .members
-            .iter()
-            .filter(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
-            .map(|m| m.address().clone())
-            .collect();
+        let members: std::collections::BTreeSet<Address> = self.live_members();
         let running = crate::maintenance::probe_storage_ids(&self.caller, &members).await;
         if let Some(silent) = members.iter().find(|m| !running.contains_key(*m)) {
             return Err(ForgetStoreError::MemberSilent {

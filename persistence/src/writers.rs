@@ -465,6 +465,11 @@ impl Actor {
     /// may now).
     fn known_stores_changed(&mut self) {
         self.save_known_stores();
+        self.place_writers();
+    }
+
+    /// Gives every writer the placement it has now.
+    fn place_writers(&mut self) {
         let now = Instant::now();
         let ids: Vec<Arc<str>> = self.slots.keys().cloned().collect();
         for id in ids {
@@ -500,15 +505,7 @@ impl Actor {
         self.serving_member = snapshot
             .self_status
             .is_some_and(|s| matches!(s, MemberStatus::Up | MemberStatus::Leaving));
-        let now = Instant::now();
-        let ids: Vec<Arc<str>> = self.slots.keys().cloned().collect();
-        for id in ids {
-            let placement = self.placement(&id);
-            if let Some(slot) = self.slots.get_mut(&id) {
-                slot.writer.placement_changed(placement, now);
-            }
-            self.drain(&id);
-        }
+        self.place_writers();
     }
 
     fn placement(&self, persistence_id: &str) -> Placement {
