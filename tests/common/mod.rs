@@ -36,11 +36,29 @@ pub fn test_dir() -> tempfile::TempDir {
     dir
 }
 
-/// A port that was free a moment ago (the OS picks it), for nodes that must know their seed's
-/// address before it starts.
+/// Ports handed out below the kernel's ephemeral range (32768 and up on Linux): a port the
+/// OS picks for `:0` may meanwhile become the local port of one of the tests' many outgoing
+/// HTTP connections, and the node that was to listen on it then fails to start.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A port that was free a moment ago, for nodes that must know their seed's address before
+/// it starts: outside the ephemeral range, never the same twice in one test process.
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr").port()
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static OFFSET: OnceLock<u32> = OnceLock::new();
+    static HANDED_OUT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    // A random start, so that test processes run one after another rarely meet.
+    let offset = *OFFSET.get_or_init(|| rand::random_range(0..span));
+    for _ in 0..span {
+        let n = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+        let port = TEST_PORTS.start + ((offset + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {TEST_PORTS:?}");
 }
 
 /// A node on `host` with cluster port `port` and HTTP port `http_port` (0: any), its data in
