@@ -160,10 +160,6 @@ impl KnownStores {
         self.stores.remove(&storage_id).is_some()
     }
 
-    pub fn get(&self, storage_id: u64) -> Option<&Address> {
-        self.stores.get(&storage_id)
-    }
-
     pub fn replicas(&self) -> Vec<ReplicaId> {
         self.stores
             .iter()
