@@ -74,6 +74,18 @@ const OUTBOX_INITIAL_CALLS: usize = 32;
 /// Estimated bytes of the calls in one message, at most (a quarter of the transport's
 /// default frame limit); a larger call travels alone.
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
+/// Messages of calls with small answers to one node whose answers are awaited, beyond which
+/// further calls to that node wait for an answer (or until they fill a message, or for at
+/// most [`MAX_CALL_HOLD`]): while one message is being written by the node's store and
+/// another waits for the next sync, later calls gather into one message rather than leaving
+/// turn by turn, each of which would cost a message, a request to the store and a task on
+/// both sides.
+const MAX_MESSAGES_IN_FLIGHT_PER_NODE: usize = 2;
+/// Longest a message is held back for an answer from its node: a lost or slow message (whose
+/// answer comes only with the request's timeout) then delays later calls to the node by this
+/// much rather than by that timeout. Several times a store's sync, so that under load an
+/// answer releases it first.
+const MAX_CALL_HOLD: Duration = Duration::from_millis(10);
 
 /// A log ready to be read: where it ends and who holds it.
 #[derive(Clone, Debug)]
@@ -151,7 +163,8 @@ struct Answer {
     result: CallResult,
 }
 
-/// A call a writer made, waiting for the end of the task's turn to be sent.
+/// A call a writer made, waiting to be sent (at the end of the task's turn, or once its
+/// node answers; see [`Actor::flush`]).
 struct Outgoing {
     persistence_id: Arc<str>,
     instance: u64,
@@ -159,11 +172,35 @@ struct Outgoing {
     call: ReplicaCall,
 }
 
-/// The calls of one turn to one node, in the order they were made.
+/// Calls to one node, in the order they were made, to be sent as one message.
 struct Outbox {
     to: Address,
     calls: Vec<Outgoing>,
     size_bytes: usize,
+    /// A later message to the same node was started: nothing more joins this one.
+    closed: bool,
+    /// When its first call was made.
+    opened: Instant,
+}
+
+impl Outbox {
+    /// Whether nothing more joins it: it leaves whatever is in flight to its node.
+    fn is_closed(&self) -> bool {
+        self.closed || self.calls.len() >= MAX_BATCH_CALLS || self.size_bytes >= MAX_BATCH_BYTES
+    }
+
+    /// A call whose answer may be large: it travels alone and is not counted in flight.
+    fn has_large_answer(&self) -> bool {
+        self.size_bytes > MAX_BATCH_BYTES
+    }
+}
+
+/// The answers to one message, from the node it went to.
+struct AnswerBatch {
+    from: Address,
+    /// Whether the message counted as in flight to its node.
+    counted: bool,
+    answers: Vec<Answer>,
 }
 
 enum Pending {
@@ -270,6 +307,7 @@ pub(crate) fn start(
         serving_member: false,
         answers,
         outboxes: Vec::new(),
+        in_flight: HashMap::new(),
         outputs: Vec::new(),
         next_op: 1,
         last_full_tick: Instant::now(),
@@ -301,9 +339,13 @@ struct Actor {
     converged: bool,
     /// Whether this node may write logs (it is an Up member, or leaving).
     serving_member: bool,
-    answers: mpsc::Sender<Vec<Answer>>,
-    /// Calls made in this turn, per node, sent together at its end.
+    answers: mpsc::Sender<AnswerBatch>,
+    /// Calls waiting to be sent, in the order they were made: those of this turn, and those
+    /// held back for nodes with [`MAX_MESSAGES_IN_FLIGHT_PER_NODE`] messages in flight.
     outboxes: Vec<Outbox>,
+    /// Messages of calls with small answers sent to each node whose answers have not come
+    /// back.
+    in_flight: HashMap<Address, usize>,
     /// The buffer a writer's outputs are taken into (kept, so taking them allocates nothing).
     outputs: Vec<Output<StoredEvent>>,
     next_op: OpId,
@@ -317,7 +359,7 @@ impl Actor {
     async fn run(
         mut self,
         mut commands: mpsc::Receiver<Command>,
-        mut answers: mpsc::Receiver<Vec<Answer>>,
+        mut answers: mpsc::Receiver<AnswerBatch>,
         mut membership: watch::Receiver<ClusterSnapshot>,
     ) {
         let mut tick = tokio::time::interval(self.settings.tick_interval);
@@ -365,18 +407,42 @@ impl Actor {
         }
     }
 
-    /// Sends the calls of this turn: those with small answers to one node in one message,
-    /// the others alone. Each message's answers come back to the task as one batch. The
-    /// messages are queued on the transport in the order of the calls (the first poll of one
-    /// task puts them all on their way, in order): a writer's mark before its delete reaches
-    /// a replica in that order.
+    /// Sends the calls waiting: those with small answers to one node in one message, the
+    /// others alone. Each message's answers come back to the task as one batch. While a node
+    /// has [`MAX_MESSAGES_IN_FLIGHT_PER_NODE`] messages in flight, its last message (the one
+    /// calls still join) waits for an answer, for at most [`MAX_CALL_HOLD`]. The messages
+    /// are queued on the transport in the order of the calls (the first poll of one task puts
+    /// them all on their way, in order; a message held back holds back every later one to
+    /// its node): a writer's mark before its delete reaches a replica in that order.
     fn flush(&mut self) {
         if self.outboxes.is_empty() {
             return;
         }
-        let sends: Vec<_> = std::mem::take(&mut self.outboxes)
+        let now = Instant::now();
+        let mut held: Vec<Outbox> = Vec::new();
+        let mut leaving: Vec<(Outbox, bool)> = Vec::new();
+        for outbox in std::mem::take(&mut self.outboxes) {
+            let in_flight = self.in_flight.get(&outbox.to).copied().unwrap_or(0);
+            let behind_held = held.iter().any(|h| h.to == outbox.to);
+            let may_wait =
+                !outbox.is_closed() && now.saturating_duration_since(outbox.opened) < MAX_CALL_HOLD;
+            if behind_held || (in_flight >= MAX_MESSAGES_IN_FLIGHT_PER_NODE && may_wait) {
+                held.push(outbox);
+            } else {
+                let counted = !outbox.has_large_answer();
+                if counted {
+                    *self.in_flight.entry(outbox.to.clone()).or_insert(0) += 1;
+                }
+                leaving.push((outbox, counted));
+            }
+        }
+        self.outboxes = held;
+        if leaving.is_empty() {
+            return;
+        }
+        let sends: Vec<_> = leaving
             .into_iter()
-            .map(|Outbox { to, calls, .. }| {
+            .map(|(Outbox { to, calls, .. }, counted)| {
                 let (keys, calls): (Vec<_>, Vec<_>) = calls
                     .into_iter()
                     .map(|o| ((o.persistence_id, o.instance, o.id), o.call))
@@ -400,16 +466,22 @@ impl Actor {
                             result: CallResult::from_reply(reply),
                         })
                         .collect();
-                    let _ = answers.send(batch).await;
+                    let _ = answers
+                        .send(AnswerBatch {
+                            from: to,
+                            counted,
+                            answers: batch,
+                        })
+                        .await;
                 }
             })
             .collect();
         tokio::spawn(futures::future::join_all(sends));
     }
 
-    /// Queues a writer's call for the end of this turn. It joins the turn's last message to
-    /// its node when both carry only calls with small answers and there is room: calls to a
-    /// node leave in the order they were made.
+    /// Queues a writer's call for [`Actor::flush`]. It joins the last message waiting for its
+    /// node when both carry only calls with small answers and there is room: calls to a node
+    /// leave in the order they were made.
     fn enqueue(&mut self, to: Address, outgoing: Outgoing) {
         // A call whose answer may be large fills its message alone.
         let size_bytes = if small_answer_call(&outgoing.call) {
@@ -417,13 +489,16 @@ impl Actor {
         } else {
             MAX_BATCH_BYTES + 1
         };
-        if let Some(outbox) = self.outboxes.iter_mut().rev().find(|o| o.to == to)
-            && outbox.calls.len() < MAX_BATCH_CALLS
-            && outbox.size_bytes + size_bytes <= MAX_BATCH_BYTES
-        {
-            outbox.size_bytes += size_bytes;
-            outbox.calls.push(outgoing);
-            return;
+        if let Some(outbox) = self.outboxes.iter_mut().rev().find(|o| o.to == to) {
+            if !outbox.is_closed()
+                && outbox.calls.len() < MAX_BATCH_CALLS
+                && outbox.size_bytes + size_bytes <= MAX_BATCH_BYTES
+            {
+                outbox.size_bytes += size_bytes;
+                outbox.calls.push(outgoing);
+                return;
+            }
+            outbox.closed = true;
         }
         let mut calls = Vec::with_capacity(OUTBOX_INITIAL_CALLS);
         calls.push(outgoing);
@@ -431,6 +506,8 @@ impl Actor {
             to,
             calls,
             size_bytes,
+            closed: false,
+            opened: Instant::now(),
         });
     }
 
@@ -755,8 +832,16 @@ impl Actor {
         op
     }
 
-    fn on_answers(&mut self, batch: Vec<Answer>) {
-        for answer in batch {
+    fn on_answers(&mut self, batch: AnswerBatch) {
+        if batch.counted
+            && let Some(in_flight) = self.in_flight.get_mut(&batch.from)
+        {
+            *in_flight = in_flight.saturating_sub(1);
+            if *in_flight == 0 {
+                self.in_flight.remove(&batch.from);
+            }
+        }
+        for answer in batch.answers {
             self.on_answer(answer);
         }
     }
