@@ -44,7 +44,10 @@ pub type OpId = u64;
 #[derive(Clone, Debug)]
 pub struct WriterSettings {
     pub quorums: Quorums,
-    /// A request unanswered this long counts as failed (the transport's timeout is the same).
+    /// A request unanswered this long counts as failed. The node's transport gives up on it
+    /// after as long, counted from when it leaves, which may be a little later than the
+    /// writer made it (calls to a busy node gather for a few milliseconds): an answer that
+    /// comes in between is late, and ignored like any other.
     pub request_timeout: Duration,
     /// Wait before asking a replica again after a failure.
     pub retry_interval: Duration,
