@@ -228,9 +228,10 @@ impl ReplicatedJournal {
                 });
             }
             if gone == local {
+                let address = self.caller.local().0.clone();
                 return Err(ForgetStoreError::Running {
-                    store: ReplicaId::new(self.caller.local().0.clone(), gone),
-                    address: self.caller.local().0.clone(),
+                    store: ReplicaId::new(address.clone(), gone),
+                    address,
                 });
             }
         }

@@ -412,8 +412,8 @@ impl Actor {
     /// has [`MAX_MESSAGES_IN_FLIGHT_PER_NODE`] messages in flight, its last message (the one
     /// calls still join) waits for an answer, for at most [`MAX_CALL_HOLD`]. The messages
     /// are queued on the transport in the order of the calls (the first poll of one task puts
-    /// them all on their way, in order; a message held back holds back every later one to
-    /// its node): a writer's mark before its delete reaches a replica in that order.
+    /// them all on their way, in order; only a node's last message can be held, every earlier
+    /// one being closed): a writer's mark before its delete reaches a replica in that order.
     fn flush(&mut self) {
         if self.outboxes.is_empty() {
             return;
@@ -423,10 +423,9 @@ impl Actor {
         let mut leaving: Vec<(Outbox, bool)> = Vec::new();
         for outbox in std::mem::take(&mut self.outboxes) {
             let in_flight = self.in_flight.get(&outbox.to).copied().unwrap_or(0);
-            let behind_held = held.iter().any(|h| h.to == outbox.to);
             let may_wait =
                 !outbox.is_closed() && now.saturating_duration_since(outbox.opened) < MAX_CALL_HOLD;
-            if behind_held || (in_flight >= MAX_MESSAGES_IN_FLIGHT_PER_NODE && may_wait) {
+            if in_flight >= MAX_MESSAGES_IN_FLIGHT_PER_NODE && may_wait {
                 held.push(outbox);
             } else {
                 let counted = !outbox.has_large_answer();
@@ -490,10 +489,7 @@ impl Actor {
             MAX_BATCH_BYTES + 1
         };
         if let Some(outbox) = self.outboxes.iter_mut().rev().find(|o| o.to == to) {
-            if !outbox.is_closed()
-                && outbox.calls.len() < MAX_BATCH_CALLS
-                && outbox.size_bytes + size_bytes <= MAX_BATCH_BYTES
-            {
+            if !outbox.is_closed() && outbox.size_bytes + size_bytes <= MAX_BATCH_BYTES {
                 outbox.size_bytes += size_bytes;
                 outbox.calls.push(outgoing);
                 return;

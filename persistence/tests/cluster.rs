@@ -128,6 +128,20 @@ async fn cluster_on(
     (network, nodes)
 }
 
+/// A replica of the configuration on another node than `node`.
+fn replica_elsewhere(
+    config: &tessera_replication::Configuration,
+    node: &Node,
+) -> tessera_replication::ReplicaId {
+    let local = &node.transport.local().address;
+    config
+        .members
+        .iter()
+        .find(|m| m.address != *local)
+        .expect("a replica on another node")
+        .clone()
+}
+
 fn write(pid: &str, seq: u64, text: &str) -> AtomicWrite {
     AtomicWrite {
         persistence_id: pid.into(),
@@ -357,12 +371,7 @@ async fn an_idle_log_moves_off_a_member_that_left() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A member of the log's configuration other than this node leaves the cluster for good.
-    let gone_store = config
-        .members
-        .iter()
-        .find(|m| m.address != nodes[0].transport.local().address)
-        .unwrap()
-        .clone();
+    let gone_store = replica_elsewhere(&config, &nodes[0]);
     let gone = gone_store.address.clone();
     // A store a member runs cannot be forgotten.
     let refused = a
@@ -816,12 +825,7 @@ async fn a_store_a_log_still_names_is_not_forgotten() {
         assert!(tokio::time::Instant::now() < deadline, "the writer stays");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let gone = config
-        .members
-        .iter()
-        .find(|m| m.address != nodes[0].transport.local().address)
-        .unwrap()
-        .clone();
+    let gone = replica_elsewhere(&config, &nodes[0]);
     network.crash(&gone.address);
     let remaining: Vec<Address> = nodes
         .iter()
