@@ -29,6 +29,8 @@ pub struct PersistenceMetrics {
     pub creations_held: AtomicU64,
     /// Stores this node has seen in the cluster and not forgotten.
     pub known_stores: AtomicU64,
+    /// Saves of the known-stores file that failed (each is tried again a second later).
+    pub known_stores_save_failures: AtomicU64,
     /// How long acknowledged appends took, from the call to the write quorum's
     /// acknowledgement. Shared, not copied into snapshots: the node renders it in `/metrics`.
     pub append_durations: LatencyHistogram,
@@ -62,6 +64,7 @@ pub struct PersistenceMetricsSnapshot {
     pub writers: u64,
     pub creations_held: u64,
     pub known_stores: u64,
+    pub known_stores_save_failures: u64,
 }
 
 impl PersistenceMetrics {
@@ -78,6 +81,7 @@ impl PersistenceMetrics {
             writers: Self::get(&self.writers),
             creations_held: Self::get(&self.creations_held),
             known_stores: Self::get(&self.known_stores),
+            known_stores_save_failures: Self::get(&self.known_stores_save_failures),
         }
     }
 }

@@ -14,6 +14,7 @@ use futures::FutureExt;
 use smol_str::SmolStr;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_cluster::node::ClusterSnapshot;
@@ -274,6 +275,10 @@ struct KnownStoresFile {
     handed: u64,
     /// The version of the list on disk, and the lock saves take in turn.
     saved: Arc<Mutex<u64>>,
+    /// A save failed and none has been tried since: the next full tick saves again, so that
+    /// a passing write error does not leave the list on disk short of a store until the
+    /// list next changes (a node that restarts with a short list may create a log again).
+    failed: Arc<AtomicBool>,
 }
 
 /// Starts the writers' task. `known_stores` is the list read from `known_stores_path` (saved
@@ -316,6 +321,7 @@ pub(crate) fn start(
             path,
             handed: 0,
             saved: Arc::new(Mutex::new(0)),
+            failed: Arc::new(AtomicBool::new(false)),
         }),
     };
     let local = actor.local.clone();
@@ -510,10 +516,9 @@ impl Actor {
     /// Saves the list of known stores on a blocking thread: the task goes on meanwhile, and
     /// a save that finds a later list on disk already leaves it.
     fn save_known_stores(&mut self) {
-        self.metrics.known_stores.store(
-            self.known_stores.len() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.metrics
+            .known_stores
+            .store(self.known_stores.len() as u64, Ordering::Relaxed);
         let Some(file) = self.known_stores_file.as_mut() else {
             return;
         };
@@ -521,6 +526,8 @@ impl Actor {
         let version = file.handed;
         let path = file.path.clone();
         let saved = file.saved.clone();
+        let failed = file.failed.clone();
+        let metrics = self.metrics.clone();
         let list = self.known_stores.clone();
         tokio::task::spawn_blocking(move || {
             let mut on_disk = saved.lock().unwrap_or_else(PoisonError::into_inner);
@@ -529,7 +536,11 @@ impl Actor {
             }
             match list.save(&path) {
                 Ok(()) => *on_disk = version,
-                Err(e) => tracing::error!(error = %e, "saving the known stores failed"),
+                Err(e) => {
+                    PersistenceMetrics::incr(&metrics.known_stores_save_failures);
+                    tracing::error!(error = %e, "saving the known stores failed; trying again in a second");
+                    failed.store(true, Ordering::Relaxed);
+                }
             }
         });
     }
@@ -881,6 +892,13 @@ impl Actor {
         }
         if full {
             self.evict(now, false);
+            if self
+                .known_stores_file
+                .as_ref()
+                .is_some_and(|file| file.failed.swap(false, Ordering::Relaxed))
+            {
+                self.save_known_stores();
+            }
         }
     }
 
@@ -917,7 +935,7 @@ impl Actor {
         let removed = before - self.slots.len();
         self.metrics
             .writers
-            .fetch_sub(removed as u64, std::sync::atomic::Ordering::Relaxed);
+            .fetch_sub(removed as u64, Ordering::Relaxed);
     }
 
     /// Carries out what a writer produced.
@@ -1010,9 +1028,7 @@ impl Actor {
                     Outcome::NotApplied(NotApplied::Stopped(reason)),
                 );
             }
-            self.metrics
-                .writers
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.writers.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -14,7 +14,8 @@ use tessera_journal::{
     RocksJournal,
 };
 use tessera_persistence::{
-    MemoryReplicaStore, Persistence, PersistenceSettings, ReplicaStore, RocksReplicaStore,
+    MemoryReplicaStore, Persistence, PersistenceMetrics, PersistenceSettings, ReplicaStore,
+    RocksReplicaStore,
 };
 use tessera_snapshot::{
     RocksSnapshotStore, SnapshotConfig, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore,
@@ -80,6 +81,17 @@ async fn cluster_on(
     settings: PersistenceSettings,
     rocks: bool,
 ) -> (Arc<MemoryNetwork>, Vec<Node>) {
+    cluster_prepared(n, settings, rocks, |_, _| {}).await
+}
+
+/// As [`cluster_on`], with `prepare(i, dir)` run on node `i`'s data directory before the
+/// node starts.
+async fn cluster_prepared(
+    n: usize,
+    settings: PersistenceSettings,
+    rocks: bool,
+    prepare: impl Fn(usize, &std::path::Path),
+) -> (Arc<MemoryNetwork>, Vec<Node>) {
     let network = MemoryNetwork::new(7);
     let addresses: Vec<Address> = (0..n)
         .map(|i| Address::new("10.0.0.1", 7000 + i as u16))
@@ -89,6 +101,7 @@ async fn cluster_on(
         let transport = network.bind(i as u64 + 1, address.clone()).unwrap();
         let store = MemoryReplicaStore::new(100 + i as u64);
         let dir = tempfile::tempdir().unwrap();
+        prepare(i, dir.path());
         let mut config = JournalConfig::new(dir.path().join("journal"));
         config.fsync = FsyncPolicy::Never;
         let queries = Arc::new(RocksJournal::open(config).await.unwrap());
@@ -806,6 +819,53 @@ async fn a_node_up_alone_after_a_full_restart_does_not_create_a_log_again() {
         payloads(restarted.journal.as_ref(), "log-r").await,
         ["e1", "e2", "e3"]
     );
+}
+
+/// A save of the known-stores file that fails is tried again a second later: the list does
+/// not change again once every member's store is in it, so without that a passing write
+/// error would leave the file without stores a restart needs to remember.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_save_of_the_known_stores_is_tried_again() {
+    // A directory where node 0 writes its list before renaming it fails every save.
+    let obstacle = |dir: &std::path::Path| dir.join("known-stores.new");
+    let (_network, nodes) = cluster_prepared(3, settings(), false, |i, dir| {
+        if i == 0 {
+            std::fs::create_dir(obstacle(dir)).unwrap();
+        }
+    })
+    .await;
+    let node = &nodes[0];
+    let failures = || PersistenceMetrics::get(&node.persistence.metrics.known_stores_save_failures);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while node.persistence.journal.known_stores().await.unwrap().len() < 3 || failures() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 0 knows {:?} after {} failed saves",
+            node.persistence.journal.known_stores().await.unwrap(),
+            failures()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        tessera_persistence::KnownStores::load(&node.known_stores)
+            .unwrap()
+            .len(),
+        0,
+        "a save succeeded through the obstacle"
+    );
+    std::fs::remove_dir(obstacle(node.known_stores.parent().unwrap())).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let on_disk = tessera_persistence::KnownStores::load(&node.known_stores).unwrap();
+        if on_disk.len() == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the list on disk is still {on_disk:?} after the obstacle went"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A store that a log's latest configuration still names cannot be forgotten: the log is

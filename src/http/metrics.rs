@@ -605,6 +605,12 @@ impl Scrape {
                  this node has seen did not answer.",
                 journal.creations_held,
             ),
+            (
+                "tessera_journal_known_stores_save_failures_total",
+                "Saves of this node's known-stores file that failed; each is tried again a \
+                 second later.",
+                journal.known_stores_save_failures,
+            ),
         ] {
             out.one(Counter, name, help, value)?;
         }
@@ -935,6 +941,8 @@ TYPE tessera_journal_fsync_duration_seconds histogram
   tessera_journal_fsync_duration_seconds_sum
 TYPE tessera_journal_known_stores gauge
   tessera_journal_known_stores
+TYPE tessera_journal_known_stores_save_failures_total counter
+  tessera_journal_known_stores_save_failures_total
 TYPE tessera_journal_reconfigurations_total counter
   tessera_journal_reconfigurations_total
 TYPE tessera_journal_recoveries_total counter
