@@ -980,6 +980,7 @@ impl ClusterControl for NodeControl {
             responses_wrong_peer_total: transport.responses_wrong_peer,
             journal: self.persistence.metrics.snapshot(),
             sharding: self.sharding_metrics(),
+            sharding_counters: self.sharding.counters().snapshot(),
             transport_peers: transport.peers,
             sends_refused_too_many_peers_total: transport.send_dropped_too_many_peers,
             transport_inbound_connections: transport.inbound_connections,

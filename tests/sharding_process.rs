@@ -448,6 +448,17 @@ async fn remembered_entities(remember: &str, state_store: &str) {
         &format!("[{remember}] every remembered account running after a full cluster restart"),
     )
     .await;
+    // Started by their shards, not by a message: the regions counted each.
+    let mut started = 0;
+    for node in &restarted {
+        started += metric_value(node.http, "tessera_sharding_remembered_started_total")
+            .await
+            .expect("remembered_started");
+    }
+    assert!(
+        started >= accounts.len() as u64,
+        "[{remember}] {started} remembered entities counted as started after the restart"
+    );
     for (account, balance) in &balances {
         assert_eq!(
             deposits::balance(restarted[1].http, account).await,

@@ -123,13 +123,17 @@ pub enum ShardingStartError {
 /// Counters of the node's sharding runtime.
 #[derive(Debug, Default)]
 pub struct ShardingCounters {
+    /// Sharding frames from peers that did not decode.
     pub frames_malformed: AtomicU64,
     /// Frames for a type this node does not shard, or for a coordinator not running here.
     pub frames_unrouted: AtomicU64,
     /// Frames dropped because a region's or coordinator's queue was full.
     pub frames_dropped: AtomicU64,
+    /// Asks of this node's callers sent to the region of another node by the direct path.
     pub forwards_sent: AtomicU64,
+    /// Replies that came after their caller stopped waiting.
     pub replies_late: AtomicU64,
+    /// Coordinator state writes stored by coordinators on this node, and writes that failed.
     pub coordinator_writes: AtomicU64,
     pub coordinator_write_failures: AtomicU64,
     /// Remembered-entity changes stored, and writes that failed (retried).
@@ -145,6 +149,40 @@ impl ShardingCounters {
     fn incr(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// The counters as read at one moment.
+    pub fn snapshot(&self) -> ShardingCountersSnapshot {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ShardingCountersSnapshot {
+            frames_malformed: get(&self.frames_malformed),
+            frames_unrouted: get(&self.frames_unrouted),
+            frames_dropped: get(&self.frames_dropped),
+            forwards_sent: get(&self.forwards_sent),
+            replies_late: get(&self.replies_late),
+            coordinator_writes: get(&self.coordinator_writes),
+            coordinator_write_failures: get(&self.coordinator_write_failures),
+            remember_writes: get(&self.remember_writes),
+            remember_write_failures: get(&self.remember_write_failures),
+            remembered_started: get(&self.remembered_started),
+            asks_direct: get(&self.asks_direct),
+        }
+    }
+}
+
+/// [`ShardingCounters`] as read at one moment (see there for what each counts).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardingCountersSnapshot {
+    pub frames_malformed: u64,
+    pub frames_unrouted: u64,
+    pub frames_dropped: u64,
+    pub forwards_sent: u64,
+    pub replies_late: u64,
+    pub coordinator_writes: u64,
+    pub coordinator_write_failures: u64,
+    pub remember_writes: u64,
+    pub remember_write_failures: u64,
+    pub remembered_started: u64,
+    pub asks_direct: u64,
 }
 
 /// What a region publishes about itself, for metrics and readiness.

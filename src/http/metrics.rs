@@ -20,6 +20,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use std::fmt;
 use tessera_cluster::MemberStatus;
+use tessera_coordinator::runtime::ShardingCountersSnapshot;
 use tessera_ddata::node::ReplicatorLatencies;
 use tessera_ddata::replicator::{Limit, Refusals};
 use tessera_entities::HostStats;
@@ -88,6 +89,8 @@ pub struct NodeMetrics {
     pub journal: PersistenceMetricsSnapshot,
     /// Cluster sharding, by entity type.
     pub sharding: Vec<ShardingMetrics>,
+    /// Cluster sharding's counters of the whole node (every entity type).
+    pub sharding_counters: ShardingCountersSnapshot,
     /// Peers with outbound transport queues now: members, and addresses sent to recently.
     pub transport_peers: u64,
     /// Messages for a new peer dropped because `max_peers` peers already had queues.
@@ -718,6 +721,51 @@ impl Scrape {
         for (kind, name, help, stat) in families {
             out.labelled(kind, name, help, "type", by_type(stat))?;
         }
+        let counters = &self.0.sharding_counters;
+        out.labelled(
+            Counter,
+            "tessera_sharding_frames_refused_total",
+            "Sharding frames from peers this node did not take: malformed (did not decode), \
+             unrouted (for a type not sharded here, a coordinator not running here or an \
+             earlier incarnation of this node), queue_full (the region's or coordinator's \
+             queue was full).",
+            "reason",
+            [
+                ("malformed", counters.frames_malformed),
+                ("unrouted", counters.frames_unrouted),
+                ("queue_full", counters.frames_dropped),
+            ],
+        )?;
+        out.labelled(
+            Counter,
+            "tessera_sharding_remember_writes_total",
+            "Remembered-entity changes written by this node's regions, by outcome (a failed \
+             write is retried).",
+            "outcome",
+            [
+                ("stored", counters.remember_writes),
+                ("failed", counters.remember_write_failures),
+            ],
+        )?;
+        for (name, help, value) in [
+            (
+                "tessera_sharding_remembered_started_total",
+                "Remembered entities this node's regions started where their shard landed.",
+                counters.remembered_started,
+            ),
+            (
+                "tessera_sharding_replies_late_total",
+                "Replies from other nodes that came after their caller stopped waiting.",
+                counters.replies_late,
+            ),
+            (
+                "tessera_sharding_coordinator_write_failures_total",
+                "Coordinator state writes that failed on this node (the coordinator retries).",
+                counters.coordinator_write_failures,
+            ),
+        ] {
+            out.one(Counter, name, help, value)?;
+        }
         Ok(())
     }
 }
@@ -959,10 +1007,16 @@ TYPE tessera_sharding_coordinator_handoffs_total counter
   tessera_sharding_coordinator_handoffs_total{type="account"}
 TYPE tessera_sharding_coordinator_running gauge
   tessera_sharding_coordinator_running{type="account"}
+TYPE tessera_sharding_coordinator_write_failures_total counter
+  tessera_sharding_coordinator_write_failures_total
 TYPE tessera_sharding_coordinator_writes_total counter
   tessera_sharding_coordinator_writes_total{type="account"}
 TYPE tessera_sharding_forwarded_total counter
   tessera_sharding_forwarded_total{type="account"}
+TYPE tessera_sharding_frames_refused_total counter
+  tessera_sharding_frames_refused_total{reason="malformed"}
+  tessera_sharding_frames_refused_total{reason="queue_full"}
+  tessera_sharding_frames_refused_total{reason="unrouted"}
 TYPE tessera_sharding_rebalance_rounds_total counter
   tessera_sharding_rebalance_rounds_total{type="account"}
 TYPE tessera_sharding_refused_total counter
@@ -971,6 +1025,13 @@ TYPE tessera_sharding_region_handoffs_total counter
   tessera_sharding_region_handoffs_total{type="account"}
 TYPE tessera_sharding_region_registered gauge
   tessera_sharding_region_registered{type="account"}
+TYPE tessera_sharding_remember_writes_total counter
+  tessera_sharding_remember_writes_total{outcome="failed"}
+  tessera_sharding_remember_writes_total{outcome="stored"}
+TYPE tessera_sharding_remembered_started_total counter
+  tessera_sharding_remembered_started_total
+TYPE tessera_sharding_replies_late_total counter
+  tessera_sharding_replies_late_total
 TYPE tessera_sharding_shards gauge
   tessera_sharding_shards{type="account"}
 TYPE tessera_transport_bytes_in_total counter
