@@ -1,6 +1,7 @@
 //! Node addresses: `host:port`, and one incarnation of a node at that address.
 
 use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
 use std::fmt;
 use std::str::FromStr;
 
@@ -10,12 +11,14 @@ use std::str::FromStr;
 /// every node must compute it the same way (it is derived, never hashed).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Address {
-    pub host: String,
+    /// Inline when short (an IP address or a short name): cloning an address allocates
+    /// nothing. Encoded as a string.
+    pub host: SmolStr,
     pub port: u16,
 }
 
 impl Address {
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
+    pub fn new(host: impl Into<SmolStr>, port: u16) -> Self {
         Self {
             host: host.into(),
             port,
@@ -90,6 +93,30 @@ mod tests {
         let a: Address = "127.0.0.1:25520".parse().unwrap();
         assert_eq!(a, Address::new("127.0.0.1", 25520));
         assert_eq!(a.to_string(), "127.0.0.1:25520");
+    }
+
+    /// Nodes of releases whose host was a `String` encoded it the same way: a host inline
+    /// or not, the bytes on the wire do not change.
+    #[test]
+    fn encodes_as_a_string_host_and_a_port() {
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct StringHost {
+            host: String,
+            port: u16,
+        }
+        for host in [
+            "127.0.0.1",
+            "a-host-name-longer-than-twenty-three-bytes.example",
+        ] {
+            let address = Address::new(host, 25520);
+            let earlier = StringHost {
+                host: host.to_string(),
+                port: 25520,
+            };
+            let bytes = postcard::to_allocvec(&address).unwrap();
+            assert_eq!(bytes, postcard::to_allocvec(&earlier).unwrap());
+            assert_eq!(postcard::from_bytes::<Address>(&bytes).unwrap(), address);
+        }
     }
 
     #[test]

@@ -33,7 +33,7 @@ use std::time::Duration;
 pub struct ContactPoint(pub Address);
 
 impl ContactPoint {
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
+    pub fn new(host: impl Into<smol_str::SmolStr>, port: u16) -> Self {
         ContactPoint(Address::new(host, port))
     }
 }

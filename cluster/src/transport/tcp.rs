@@ -112,8 +112,8 @@ impl TcpTransport {
         let port = listener.local_addr().map_err(bind_error)?.port();
         let host = config
             .advertised_host
-            .clone()
-            .unwrap_or_else(|| config.bind_address.host.clone());
+            .as_deref()
+            .map_or_else(|| config.bind_address.host.clone(), Into::into);
         let local = UniqueAddress::new(Address::new(host, port), uid);
         let transport = Arc::new_cyclic(|me| TcpTransport {
             endpoint: Endpoint::new(local, &config),
