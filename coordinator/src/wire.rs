@@ -10,6 +10,9 @@ use tessera_cluster::Address;
 /// The only format version so far.
 pub const WIRE_VERSION: u8 = 1;
 
+/// The buffer a frame is encoded into starts this large.
+const ENCODE_INITIAL_CAPACITY_BYTES: usize = 256;
+
 /// A command for an entity, on its way to the region that runs its shard.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteAsk {
@@ -87,7 +90,10 @@ pub enum WireError {
 }
 
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
-    let bytes = vec![WIRE_VERSION];
+    // Room for a forwarded ask or its reply at once: grown from one byte as postcard
+    // writes, the buffer would be reallocated several times for every message.
+    let mut bytes = Vec::with_capacity(ENCODE_INITIAL_CAPACITY_BYTES);
+    bytes.push(WIRE_VERSION);
     postcard::to_extend(value, bytes).map_err(|e| WireError::Encode(e.to_string()))
 }
 
