@@ -748,18 +748,7 @@ async fn a_node_up_alone_after_a_full_restart_does_not_create_a_log_again() {
         .expect("five nodes, three replicas");
     // The stranger's probes of the members found the five stores, and its list says so.
     let node = &nodes[stranger];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = tessera_persistence::KnownStores::load(&node.known_stores).unwrap();
-        if seen.len() == 5 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the stranger knows only {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_stores_on_disk(node, 5, "the stranger's").await;
     // It restarts with that list and is Up alone: the others are not members yet.
     std::fs::copy(&node.known_stores, &known_path).unwrap();
     let restarted_settings = PersistenceSettings {
@@ -854,15 +843,20 @@ async fn a_failed_save_of_the_known_stores_is_tried_again() {
         "a save succeeded through the obstacle"
     );
     std::fs::remove_dir(obstacle(node.known_stores.parent().unwrap())).unwrap();
+    wait_for_stores_on_disk(node, 3, "after the obstacle went, node 0's").await;
+}
+
+/// Waits (at most 10 s) until `node`'s known-stores file names `stores` stores.
+async fn wait_for_stores_on_disk(node: &Node, stores: usize, whose: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let on_disk = tessera_persistence::KnownStores::load(&node.known_stores).unwrap();
-        if on_disk.len() == 3 {
-            break;
+        if on_disk.len() == stores {
+            return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the list on disk is still {on_disk:?} after the obstacle went"
+            "{whose} list on disk is {on_disk:?}, not {stores} stores"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
