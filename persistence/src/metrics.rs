@@ -29,7 +29,8 @@ pub struct PersistenceMetrics {
     pub creations_held: AtomicU64,
     /// Stores this node has seen in the cluster and not forgotten.
     pub known_stores: AtomicU64,
-    /// Saves of the known-stores file that failed (each is tried again a second later).
+    /// Saves of the known-stores file that failed (the latest list is saved again within a
+    /// second).
     pub known_stores_save_failures: AtomicU64,
     /// How long acknowledged appends took, from the call to the write quorum's
     /// acknowledgement. Shared, not copied into snapshots: the node renders it in `/metrics`.

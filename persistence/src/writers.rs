@@ -268,17 +268,23 @@ impl Writers {
 }
 
 /// Where the list of stores this node has seen lives, and its saving: each save runs on a
-/// blocking thread, and one that finds a later list saved already does nothing.
+/// blocking thread, and one that finds a later list tried already does nothing.
 struct KnownStoresFile {
     path: PathBuf,
     /// The version of the last list handed to a save.
     handed: u64,
-    /// The version of the list on disk, and the lock saves take in turn.
-    saved: Arc<Mutex<u64>>,
+    /// The version of the last list a save tried to write, and the lock saves take in turn.
+    /// Counted whether or not that save succeeded: a failed save may have replaced the file
+    /// before failing (its directory's sync), and an earlier list must not replace it then;
+    /// the retry below writes the latest list under a later version.
+    tried: Arc<Mutex<u64>>,
     /// A save failed and none has been tried since: the next full tick saves again, so that
     /// a passing write error does not leave the list on disk short of a store until the
     /// list next changes (a node that restarts with a short list may create a log again).
     failed: Arc<AtomicBool>,
+    /// A failure was logged as an error and no save succeeded since: a disk that keeps
+    /// failing is reported once at that level, then at debug level every second.
+    reported: Arc<AtomicBool>,
 }
 
 /// Starts the writers' task. `known_stores` is the list read from `known_stores_path` (saved
@@ -320,8 +326,9 @@ pub(crate) fn start(
         known_stores_file: known_stores_path.map(|path| KnownStoresFile {
             path,
             handed: 0,
-            saved: Arc::new(Mutex::new(0)),
+            tried: Arc::new(Mutex::new(0)),
             failed: Arc::new(AtomicBool::new(false)),
+            reported: Arc::new(AtomicBool::new(false)),
         }),
     };
     let local = actor.local.clone();
@@ -514,7 +521,7 @@ impl Actor {
     }
 
     /// Saves the list of known stores on a blocking thread: the task goes on meanwhile, and
-    /// a save that finds a later list on disk already leaves it.
+    /// a save that finds a later list tried already leaves it.
     fn save_known_stores(&mut self) {
         self.metrics
             .known_stores
@@ -525,20 +532,26 @@ impl Actor {
         file.handed += 1;
         let version = file.handed;
         let path = file.path.clone();
-        let saved = file.saved.clone();
+        let tried = file.tried.clone();
         let failed = file.failed.clone();
+        let reported = file.reported.clone();
         let metrics = self.metrics.clone();
         let list = self.known_stores.clone();
         tokio::task::spawn_blocking(move || {
-            let mut on_disk = saved.lock().unwrap_or_else(PoisonError::into_inner);
-            if *on_disk >= version {
+            let mut tried = tried.lock().unwrap_or_else(PoisonError::into_inner);
+            if *tried >= version {
                 return;
             }
+            *tried = version;
             match list.save(&path) {
-                Ok(()) => *on_disk = version,
+                Ok(()) => reported.store(false, Ordering::Relaxed),
                 Err(e) => {
                     PersistenceMetrics::incr(&metrics.known_stores_save_failures);
-                    tracing::error!(error = %e, "saving the known stores failed; trying again in a second");
+                    if reported.swap(true, Ordering::Relaxed) {
+                        tracing::debug!(error = %e, "saving the known stores failed again");
+                    } else {
+                        tracing::error!(error = %e, "saving the known stores failed; trying again every second");
+                    }
                     failed.store(true, Ordering::Relaxed);
                 }
             }

@@ -610,8 +610,8 @@ impl Scrape {
             ),
             (
                 "tessera_journal_known_stores_save_failures_total",
-                "Saves of this node's known-stores file that failed; each is tried again a \
-                 second later.",
+                "Saves of this node's known-stores file that failed; the latest list is saved \
+                 again within a second.",
                 journal.known_stores_save_failures,
             ),
         ] {
@@ -728,7 +728,7 @@ impl Scrape {
             "Sharding frames from peers this node did not take: malformed (did not decode), \
              unrouted (for a type not sharded here, a coordinator not running here or an \
              earlier incarnation of this node), queue_full (the region's or coordinator's \
-             queue was full).",
+             queue was full, or closed as it stopped).",
             "reason",
             [
                 ("malformed", counters.frames_malformed),
@@ -739,8 +739,8 @@ impl Scrape {
         out.labelled(
             Counter,
             "tessera_sharding_remember_writes_total",
-            "Remembered-entity changes written by this node's regions, by outcome (a failed \
-             write is retried).",
+            "Writes of remembered-entity changes by this node's regions (one per shard \
+             update), by outcome (a failed write is retried).",
             "outcome",
             [
                 ("stored", counters.remember_writes),
@@ -750,7 +750,8 @@ impl Scrape {
         for (name, help, value) in [
             (
                 "tessera_sharding_remembered_started_total",
-                "Remembered entities this node's regions started where their shard landed.",
+                "Remembered entities this node's regions asked their entity host to start where \
+                 their shard landed (one already running is left as it is).",
                 counters.remembered_started,
             ),
             (
@@ -760,7 +761,7 @@ impl Scrape {
             ),
             (
                 "tessera_sharding_coordinator_write_failures_total",
-                "Coordinator state writes that failed on this node (the coordinator retries).",
+                "Coordinator state writes that failed on this node, every entity type.",
                 counters.coordinator_write_failures,
             ),
         ] {
