@@ -83,8 +83,9 @@ pub trait ShardHost: Send + Sync + 'static {
     fn live_entity_ids(&self) -> BoxFuture<'static, Vec<String>>;
 
     /// Starts the given entities without a command (they recover and wait): a shard's
-    /// remembered entities, wherever the shard lands.
-    fn start_entities(&self, entity_ids: Vec<String>);
+    /// remembered entities, wherever the shard lands. Returns the ids it could not take now
+    /// (a full queue); the region offers them again on a later tick.
+    fn start_entities(&self, entity_ids: Vec<String>) -> Vec<String>;
 }
 
 /// What a host tells the region about its entities, for remember-entities: an entity started,

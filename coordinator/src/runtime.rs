@@ -520,6 +520,7 @@ impl<T: Transport> Sharding<T> {
                 remember: remember_store,
                 remember_pending: BTreeMap::new(),
                 remember_writing: BTreeSet::new(),
+                remembered_skipped: Vec::new(),
             };
             tasks.push(tokio::spawn(task.run(
                 inputs_rx,
@@ -1053,6 +1054,10 @@ struct RegionTask<T: Transport> {
     /// Changes waiting to be written, per shard (one write in flight per shard).
     remember_pending: BTreeMap<ShardId, RememberChanges>,
     remember_writing: BTreeSet<ShardId>,
+    /// Remembered entities the host could not take (full queues), as the inputs that
+    /// offered them: offered again on the next tick. At most one per shard incarnation that
+    /// read its entities, each no larger than the shard's remembered ids.
+    remembered_skipped: Vec<RegionInput>,
 }
 
 impl<T: Transport> RegionTask<T> {
@@ -1115,6 +1120,9 @@ impl<T: Transport> RegionTask<T> {
                     });
                     self.expire_waiting();
                     self.write_remembered();
+                    for skipped in std::mem::take(&mut self.remembered_skipped) {
+                        self.handle(skipped);
+                    }
                 }
             }
             self.publish();
@@ -1313,10 +1321,21 @@ impl<T: Transport> RegionTask<T> {
                     && let Some(host) = &self.host
                     && !ids.is_empty()
                 {
-                    self.counters
-                        .remembered_started
-                        .fetch_add(ids.len() as u64, Ordering::Relaxed);
-                    host.start_entities(ids.into_iter().collect());
+                    let offered = ids.len();
+                    let skipped = host.start_entities(ids.into_iter().collect());
+                    self.counters.remembered_started.fetch_add(
+                        offered.saturating_sub(skipped.len()) as u64,
+                        Ordering::Relaxed,
+                    );
+                    if !skipped.is_empty() {
+                        // The host's queues were full: offered again on the next tick, for
+                        // this incarnation of the shard only (checked again then).
+                        self.remembered_skipped.push(RegionInput::Remembered {
+                            shard,
+                            generation,
+                            ids: skipped.into_iter().collect(),
+                        });
+                    }
                 }
             }
             RegionInput::RememberWritten { shard, failed } => {

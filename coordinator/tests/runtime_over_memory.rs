@@ -6,7 +6,7 @@
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_cluster::core::{ClusterCoreConfig, DowningConfig};
@@ -15,9 +15,12 @@ use tessera_cluster::singleton::Singletons;
 use tessera_cluster::transport::{MemoryNetwork, MemoryTransport};
 use tessera_cluster::{Address, MemberStatus};
 use tessera_coordinator::host::{AskFailure, ShardHost};
-use tessera_coordinator::runtime::{RuntimeSettings, ShardedType, Sharding};
+use tessera_coordinator::remember::RememberStore;
+use tessera_coordinator::runtime::{RememberEntitiesSetup, RuntimeSettings, ShardedType, Sharding};
 use tessera_coordinator::settings::ShardingSettings;
-use tessera_coordinator::store::{CoordinatorStore, MemoryStore};
+use tessera_coordinator::store::{CoordinatorStore, MemoryStore, StoreError};
+use tessera_coordinator::{ShardId, shard_of};
+use tessera_entities::EntityId;
 
 fn address(i: usize) -> Address {
     Address::new("10.3.0.1", 25520 + u16::try_from(i).expect("small"))
@@ -30,6 +33,49 @@ struct World {
     /// entity → nodes running it; more than one is a double activation.
     running: Mutex<HashMap<String, HashSet<usize>>>,
     double_activations: Mutex<Vec<String>>,
+    /// Remembered entities, when the test runs the type with remember-entities.
+    remembered: Option<Arc<MemoryRemember>>,
+    /// How many more `start_entities` calls the hosts refuse (as if their queues were full).
+    starts_to_refuse: Mutex<usize>,
+}
+
+/// Remembered entity ids by shard, shared by every node (as Distributed Data would be).
+#[derive(Default)]
+struct MemoryRemember {
+    ids: Mutex<BTreeMap<ShardId, BTreeSet<String>>>,
+}
+
+impl RememberStore for MemoryRemember {
+    fn entities(&self, shard: ShardId) -> BoxFuture<'static, Result<BTreeSet<String>, StoreError>> {
+        let ids = self
+            .ids
+            .lock()
+            .unwrap()
+            .get(&shard)
+            .cloned()
+            .unwrap_or_default();
+        futures::future::ready(Ok(ids)).boxed()
+    }
+
+    fn update(
+        &self,
+        shard: ShardId,
+        started: Vec<String>,
+        stopped: Vec<String>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let mut all = self.ids.lock().unwrap();
+        let ids = all.entry(shard).or_default();
+        ids.extend(started);
+        for id in stopped {
+            ids.remove(&id);
+        }
+        futures::future::ready(Ok(())).boxed()
+    }
+
+    fn shards(&self) -> BoxFuture<'static, Result<BTreeSet<ShardId>, StoreError>> {
+        let shards = self.ids.lock().unwrap().keys().copied().collect();
+        futures::future::ready(Ok(shards)).boxed()
+    }
 }
 
 struct CounterHost {
@@ -84,10 +130,18 @@ impl ShardHost for CounterHost {
         futures::future::ready(ids).boxed()
     }
 
-    fn start_entities(&self, entity_ids: Vec<String>) {
+    fn start_entities(&self, entity_ids: Vec<String>) -> Vec<String> {
+        {
+            let mut refuse = self.world.starts_to_refuse.lock().unwrap();
+            if *refuse > 0 {
+                *refuse -= 1;
+                return entity_ids;
+            }
+        }
         for id in entity_ids {
             drop(self.ask(&id, b"get".to_vec()));
         }
+        Vec::new()
     }
 }
 
@@ -148,7 +202,11 @@ fn start_node_with(
             settings,
             role: None,
             store: store.clone() as Arc<dyn CoordinatorStore>,
-            remember: None,
+            remember: world.remembered.clone().map(|store| RememberEntitiesSetup {
+                store: store as Arc<dyn RememberStore>,
+                // No notes: the test writes the remembered ids itself.
+                notes: tokio::sync::mpsc::channel(1).1,
+            }),
         }],
         RuntimeSettings::default(),
     )
@@ -248,6 +306,41 @@ async fn every_entity_lives_on_one_node_and_answers_from_any() {
         error.outcome,
         tessera_coordinator::host::AskOutcome::NotApplied
     );
+}
+
+/// A shard's remembered entities that its host could not take at once (full queues) are
+/// offered again on a later tick: they run without a message sent to them.
+#[tokio::test(start_paused = true)]
+async fn remembered_entities_a_full_host_refused_are_started_on_a_later_tick() {
+    let remembered = Arc::new(MemoryRemember::default());
+    let settings = sharding_settings();
+    let ids: Vec<String> = (0..30).map(|e| format!("r{e}")).collect();
+    for id in &ids {
+        let shard = shard_of(&EntityId::new(id).unwrap(), settings.number_of_shards);
+        remembered
+            .update(shard, vec![id.clone()], Vec::new())
+            .now_or_never();
+    }
+    let world = Arc::new(World {
+        remembered: Some(remembered),
+        // More than the shards holding the 30 ids: every shard's first offer is refused.
+        starts_to_refuse: Mutex::new(40),
+        ..World::default()
+    });
+    let store = Arc::new(MemoryStore::default());
+    let (_network, _nodes) = cluster(3, &world, &store).await;
+    wait_until(
+        "every remembered entity running",
+        Duration::from_secs(30),
+        || {
+            let running = world.running.lock().unwrap();
+            ids.iter()
+                .all(|id| running.get(id).is_some_and(|nodes| nodes.len() == 1))
+        },
+    )
+    .await;
+    assert_eq!(*world.starts_to_refuse.lock().unwrap(), 0, "refusals left");
+    assert!(world.double_activations.lock().unwrap().is_empty());
 }
 
 #[tokio::test(start_paused = true)]

@@ -77,8 +77,9 @@ pub trait JsonEntityType: Send + Sync + 'static {
     /// The ids of the entities running now.
     fn live_entity_ids(&self) -> BoxFuture<'_, Vec<String>>;
 
-    /// Starts the given entities without a command (remembered entities).
-    fn start_entities(&self, ids: Vec<String>);
+    /// Starts the given entities without a command (remembered entities); returns those
+    /// whose partition's queue was full, not started.
+    fn start_entities(&self, ids: Vec<String>) -> Vec<String>;
 
     /// The host's lifecycle counters.
     fn stats(&self) -> HostStats;
@@ -130,15 +131,16 @@ impl<E: EntityType> JsonEntityType for EntityHost<E> {
         EntityHost::stop_entities(self, ids).boxed()
     }
 
-    fn start_entities(&self, ids: Vec<String>) {
+    fn start_entities(&self, ids: Vec<String>) -> Vec<String> {
         let ids: Vec<EntityId> = ids.iter().filter_map(|id| EntityId::new(id).ok()).collect();
         let skipped = EntityHost::start_entities(self, ids);
         if !skipped.is_empty() {
             tracing::debug!(
                 count = skipped.len(),
-                "remembered entities not started (queues full); they start on their next command"
+                "remembered entities not started (queues full); offered again later"
             );
         }
+        skipped.iter().map(|id| id.as_str().to_string()).collect()
     }
 
     fn live_entity_ids(&self) -> BoxFuture<'_, Vec<String>> {

@@ -46,8 +46,8 @@ impl ShardHost for JsonShardHost {
         self.0.stop_entities(entity_ids)
     }
 
-    fn start_entities(&self, entity_ids: Vec<String>) {
-        self.0.start_entities(entity_ids);
+    fn start_entities(&self, entity_ids: Vec<String>) -> Vec<String> {
+        self.0.start_entities(entity_ids)
     }
 
     fn live_entity_ids(&self) -> BoxFuture<'static, Vec<String>> {
