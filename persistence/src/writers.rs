@@ -273,18 +273,31 @@ struct KnownStoresFile {
     path: PathBuf,
     /// The version of the last list handed to a save.
     handed: u64,
-    /// The version of the last list a save tried to write, and the lock saves take in turn.
-    /// Counted whether or not that save succeeded: a failed save may have replaced the file
-    /// before failing (its directory's sync), and an earlier list must not replace it then;
-    /// the retry below writes the latest list under a later version.
-    tried: Arc<Mutex<u64>>,
+    /// What the saves share with the task.
+    saves: Arc<KnownStoresSaves>,
+}
+
+/// The state of a node's known-stores saves, shared by the blocking threads that run them.
+#[derive(Default)]
+struct KnownStoresSaves {
+    /// Taken by each save in turn.
+    progress: Mutex<SaveProgress>,
     /// A save failed and none has been tried since: the next full tick saves again, so that
     /// a passing write error does not leave the list on disk short of a store until the
     /// list next changes (a node that restarts with a short list may create a log again).
-    failed: Arc<AtomicBool>,
+    failed: AtomicBool,
+}
+
+#[derive(Default)]
+struct SaveProgress {
+    /// The version of the last list a save tried to write, whether or not it succeeded: a
+    /// failed save may have replaced the file before failing (its directory's sync), and an
+    /// earlier list must not replace it then; the retry writes the latest list under a later
+    /// version.
+    tried: u64,
     /// A failure was logged as an error and no save succeeded since: a disk that keeps
     /// failing is reported once at that level, then at debug level every second.
-    reported: Arc<AtomicBool>,
+    reported: bool,
 }
 
 /// Starts the writers' task. `known_stores` is the list read from `known_stores_path` (saved
@@ -326,9 +339,7 @@ pub(crate) fn start(
         known_stores_file: known_stores_path.map(|path| KnownStoresFile {
             path,
             handed: 0,
-            tried: Arc::new(Mutex::new(0)),
-            failed: Arc::new(AtomicBool::new(false)),
-            reported: Arc::new(AtomicBool::new(false)),
+            saves: Arc::default(),
         }),
     };
     let local = actor.local.clone();
@@ -532,27 +543,29 @@ impl Actor {
         file.handed += 1;
         let version = file.handed;
         let path = file.path.clone();
-        let tried = file.tried.clone();
-        let failed = file.failed.clone();
-        let reported = file.reported.clone();
+        let saves = file.saves.clone();
         let metrics = self.metrics.clone();
         let list = self.known_stores.clone();
         tokio::task::spawn_blocking(move || {
-            let mut tried = tried.lock().unwrap_or_else(PoisonError::into_inner);
-            if *tried >= version {
+            let mut progress = saves
+                .progress
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if progress.tried >= version {
                 return;
             }
-            *tried = version;
+            progress.tried = version;
             match list.save(&path) {
-                Ok(()) => reported.store(false, Ordering::Relaxed),
+                Ok(()) => progress.reported = false,
                 Err(e) => {
                     PersistenceMetrics::incr(&metrics.known_stores_save_failures);
-                    if reported.swap(true, Ordering::Relaxed) {
+                    if progress.reported {
                         tracing::debug!(error = %e, "saving the known stores failed again");
                     } else {
+                        progress.reported = true;
                         tracing::error!(error = %e, "saving the known stores failed; trying again every second");
                     }
-                    failed.store(true, Ordering::Relaxed);
+                    saves.failed.store(true, Ordering::Relaxed);
                 }
             }
         });
@@ -908,7 +921,7 @@ impl Actor {
             if self
                 .known_stores_file
                 .as_ref()
-                .is_some_and(|file| file.failed.swap(false, Ordering::Relaxed))
+                .is_some_and(|file| file.saves.failed.swap(false, Ordering::Relaxed))
             {
                 self.save_known_stores();
             }
