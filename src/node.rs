@@ -1024,6 +1024,7 @@ impl NodeControl {
                     refused_total: region.refused,
                     coordinator_running: coordinator.running,
                     coordinator_handoffs_total: coordinator.handoffs_completed,
+                    coordinator_handoffs_given_up_total: coordinator.handoffs_given_up,
                     rebalance_rounds_total: coordinator.rebalance_rounds,
                     coordinator_writes_total: coordinator.writes,
                 }

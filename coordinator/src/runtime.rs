@@ -204,6 +204,9 @@ pub struct CoordinatorGauges {
     pub shards: usize,
     pub regions: usize,
     pub handoffs_completed: u64,
+    /// Handoffs given up (the owner did not report the shard stopped within the handoff
+    /// timeout); the shard stays where it was.
+    pub handoffs_given_up: u64,
     pub rebalance_rounds: u64,
     pub writes: u64,
 }
@@ -383,6 +386,21 @@ type CoordinatorRoutes = Arc<Mutex<HashMap<String, (u64, mpsc::Sender<Coordinato
 /// This node's callers waiting for an answer from another node, by reply id.
 type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
 
+/// Forgets the reply slot of an ask this node's caller forwarded itself (past the region
+/// task, whose deadlines forget its own) when the ask ends in any way: answered, timed out,
+/// or dropped by its caller. Without it a caller that gave up on an ask whose reply never
+/// comes would leave the slot for good.
+struct ForgetReply<'a> {
+    waiting: &'a Waiting,
+    reply_id: u64,
+}
+
+impl Drop for ForgetReply<'_> {
+    fn drop(&mut self) {
+        lock_waiting(self.waiting).remove(&self.reply_id);
+    }
+}
+
 fn lock_waiting(
     waiting: &Waiting,
 ) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Answer>>> {
@@ -521,6 +539,8 @@ impl<T: Transport> Sharding<T> {
                 remember_pending: BTreeMap::new(),
                 remember_writing: BTreeSet::new(),
                 remembered_skipped: Vec::new(),
+                stops_awaiting_remember: BTreeMap::new(),
+                stops_began: HashMap::new(),
             };
             tasks.push(tokio::spawn(task.run(
                 inputs_rx,
@@ -597,6 +617,13 @@ impl<T: Transport> Sharding<T> {
             .collect()
     }
 
+    /// How many asks of this node's callers wait for a reply from another node for
+    /// `type_name` (forwarded by the region task or by the callers themselves).
+    pub fn replies_awaited(&self, type_name: &str) -> Option<usize> {
+        let region = self.regions.get(type_name)?;
+        Some(lock_waiting(&region.direct.waiting).len())
+    }
+
     /// Whether every region of this node is registered with its coordinator (readiness).
     pub fn all_registered(&self) -> bool {
         self.regions.values().all(|r| r.gauges.borrow().registered)
@@ -634,7 +661,8 @@ impl<T: Transport> Sharding<T> {
             ))
         };
         let direct = &region.direct;
-        let (answer, forwarded) = match Self::ask_direct(direct, entity_id, payload) {
+        // A forwarded ask's reply slot is forgotten when the ask ends (`_forget` drops).
+        let (answer, _forget) = match Self::ask_direct(direct, entity_id, payload) {
             Direct::Local(answer) => {
                 ShardingCounters::incr(&self.counters.asks_direct);
                 return tokio::time::timeout_at(deadline, answer)
@@ -645,7 +673,11 @@ impl<T: Transport> Sharding<T> {
             Direct::Remote(answer, reply_id) => {
                 ShardingCounters::incr(&self.counters.asks_direct);
                 ShardingCounters::incr(&self.counters.forwards_sent);
-                (answer, Some(reply_id))
+                let forget = ForgetReply {
+                    waiting: &direct.waiting,
+                    reply_id,
+                };
+                (answer, Some(forget))
             }
             Direct::NotTaken(payload) => {
                 let (reply, answer) = oneshot::channel();
@@ -685,13 +717,7 @@ impl<T: Transport> Sharding<T> {
                 AskOutcome::Unknown,
                 format!("the {type_name} region stopped while the command was under way"),
             )),
-            Err(_) => {
-                if let Some(reply_id) = forwarded {
-                    // Forwarded here, not by the region task: no deadline of its forgets it.
-                    lock_waiting(&direct.waiting).remove(&reply_id);
-                }
-                timed_out()
-            }
+            Err(_) => timed_out(),
         }
     }
 
@@ -1058,6 +1084,15 @@ struct RegionTask<T: Transport> {
     /// offered them: offered again on the next tick. At most one per shard incarnation that
     /// read its entities, each no larger than the shard's remembered ids.
     remembered_skipped: Vec<RegionInput>,
+    /// Shards whose entities stopped (for a handoff, a shutdown, or a home elsewhere) while
+    /// remembered-entity changes of theirs were not stored yet, with the deadline of the
+    /// wait: the shard is reported stopped once they are stored, so that its next home reads
+    /// them (an entity started here just before the handoff is started there; one passivated
+    /// here is not brought back by a late write). At the deadline, half the handoff timeout
+    /// after the stop began, the shard is reported stopped anyway.
+    stops_awaiting_remember: BTreeMap<ShardId, Instant>,
+    /// When each shard's stop began (for the deadline above).
+    stops_began: HashMap<ShardId, Instant>,
 }
 
 impl<T: Transport> RegionTask<T> {
@@ -1092,12 +1127,12 @@ impl<T: Transport> RegionTask<T> {
                 }
                 input = inputs.recv() => match input {
                     Some(input) => {
-                        self.take(input);
+                        self.take_after_notes(input, &mut notes);
                         // What queued meanwhile, before the gauges are published and the
                         // other sources polled again: under load that is once per batch.
                         for _ in 1..INPUT_BATCH {
                             match inputs.try_recv() {
-                                Ok(input) => self.take(input),
+                                Ok(input) => self.take_after_notes(input, &mut notes),
                                 Err(_) => break,
                             }
                         }
@@ -1120,6 +1155,7 @@ impl<T: Transport> RegionTask<T> {
                     });
                     self.expire_waiting();
                     self.write_remembered();
+                    self.expire_stop_waits();
                     for skipped in std::mem::take(&mut self.remembered_skipped) {
                         self.handle(skipped);
                     }
@@ -1130,14 +1166,51 @@ impl<T: Transport> RegionTask<T> {
         self.close_direct();
     }
 
+    /// Takes an input; a shard's stop only after the entity notes queued before it (inputs
+    /// go first in the task's loop): an entity that started before its shard stopped is
+    /// noted, and so written, before the shard is reported stopped.
+    fn take_after_notes(
+        &mut self,
+        input: RegionInput,
+        notes: &mut Option<mpsc::Receiver<EntityNote>>,
+    ) {
+        if matches!(input, RegionInput::ShardStopped(_))
+            && let Some(receiver) = notes.as_mut()
+        {
+            while let Ok(note) = receiver.try_recv() {
+                self.note(note);
+            }
+        }
+        self.take(input);
+    }
+
     /// Handles one input. Those that may change which shards take this node's callers
     /// directly are handled under the direct path's write lock, which is then brought up to
     /// date (see [`DirectPath`]); an ask handled here lets later ones go direct again.
     fn take(&mut self, input: RegionInput) {
         match input {
+            RegionInput::ShardStopped(shard) => {
+                let began = self.stops_began.remove(&shard);
+                if self.remember_unsettled(shard) {
+                    // Well within the coordinator's handoff timeout, which counts from before
+                    // the stop began: a wait past it would make the coordinator give up.
+                    let deadline = began.unwrap_or_else(clock_now) + self.handoff_timeout / 2;
+                    if deadline > clock_now() {
+                        self.stops_awaiting_remember.insert(shard, deadline);
+                        self.write_remembered();
+                        return;
+                    }
+                    self.warn_unstored(shard);
+                }
+                self.rerouting(|task| task.handle(input));
+            }
+            RegionInput::RememberWritten { shard, ref failed } => {
+                let failed = failed.is_some();
+                self.handle(input);
+                self.settle_stop(shard, failed);
+            }
             RegionInput::FromCoordinator { .. }
             | RegionInput::Marker { .. }
-            | RegionInput::ShardStopped(_)
             | RegionInput::BeginShutdown(_) => self.rerouting(|task| task.handle(input)),
             RegionInput::Ask { .. } => {
                 self.handle(input);
@@ -1148,7 +1221,6 @@ impl<T: Transport> RegionTask<T> {
                 self.direct.queued_forwards.fetch_sub(1, Ordering::SeqCst);
             }
             RegionInput::Remembered { .. }
-            | RegionInput::RememberWritten { .. }
             | RegionInput::State(_)
             | RegionInput::RemoteState(_) => self.handle(input),
         }
@@ -1400,6 +1472,62 @@ impl<T: Transport> RegionTask<T> {
         } else {
             changes.stop(id);
         }
+    }
+
+    /// Whether remembered-entity changes of `shard` are noted but not stored yet.
+    fn remember_unsettled(&self, shard: ShardId) -> bool {
+        self.remember.is_some()
+            && (self.remember_writing.contains(&shard)
+                || self
+                    .remember_pending
+                    .get(&shard)
+                    .is_some_and(|changes| !changes.is_empty()))
+    }
+
+    /// After a write of `shard`'s remembered entities: a shard waiting for it is reported
+    /// stopped once nothing of it is left to store. Changes noted during the write go at
+    /// once; a failed write is tried again on the tick.
+    fn settle_stop(&mut self, shard: ShardId, failed: bool) {
+        if !self.stops_awaiting_remember.contains_key(&shard) {
+            return;
+        }
+        if self.remember_unsettled(shard) {
+            if !failed {
+                self.write_remembered();
+            }
+            return;
+        }
+        self.stops_awaiting_remember.remove(&shard);
+        self.rerouting(|task| task.handle(RegionInput::ShardStopped(shard)));
+    }
+
+    /// Reports stopped the shards whose remembered-entity changes could not be stored by
+    /// their deadline: a handoff must not wait for a store that is down or slow until the
+    /// coordinator gives it up. Their changes stay noted and are written when the store
+    /// answers again.
+    fn expire_stop_waits(&mut self) {
+        let now = clock_now();
+        let expired: Vec<ShardId> = self
+            .stops_awaiting_remember
+            .iter()
+            .filter(|(_, deadline)| **deadline <= now)
+            .map(|(shard, _)| *shard)
+            .collect();
+        for shard in expired {
+            self.stops_awaiting_remember.remove(&shard);
+            self.warn_unstored(shard);
+            self.rerouting(|task| task.handle(RegionInput::ShardStopped(shard)));
+        }
+    }
+
+    fn warn_unstored(&self, shard: ShardId) {
+        tracing::warn!(
+            type_name = %self.type_name,
+            %shard,
+            "remembered-entity changes of a stopped shard not stored within half the handoff \
+             timeout; the shard is reported stopped without them (its next home may not start \
+             an entity that started here last)"
+        );
     }
 
     /// Writes the noted changes of every shard that has no write in flight.
@@ -1692,6 +1820,7 @@ impl<T: Transport> RegionTask<T> {
     /// earlier would let the coordinator start it elsewhere beside them.
     fn stop_shard(&mut self, shard: ShardId) {
         *self.shard_generations.entry(shard).or_default() += 1;
+        self.stops_began.insert(shard, clock_now());
         let inputs = self.inputs.clone();
         let Some(host) = self.host.clone() else {
             tokio::spawn(async move {
@@ -1900,6 +2029,7 @@ impl<T: Transport> CoordinatorTask<T> {
             shards: coordinator.state().map_or(0, |s| s.shards().len()),
             regions: coordinator.state().map_or(0, |s| s.regions().len()),
             handoffs_completed: stats.handoffs_completed,
+            handoffs_given_up: stats.handoffs_given_up,
             rebalance_rounds: stats.rebalance_rounds,
             writes: stats.writes,
         };

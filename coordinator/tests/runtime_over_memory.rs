@@ -1,8 +1,9 @@
 //! The sharding runtime on real cluster nodes over the in-memory transport, in paused tokio
 //! time, with counter entities whose state lives in one shared map (as a journal would keep
 //! it): commands reach one live copy per entity from any node, a crashed node's shards come
-//! back on the others, a joining node receives shards, and a node that hands off its shards
-//! loses no command.
+//! back on the others, a joining node receives shards, a node that hands off its shards
+//! loses no command, remembered entities follow their shard through a handoff, and a caller
+//! that gives up on a forwarded ask leaves nothing behind.
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -14,13 +15,14 @@ use tessera_cluster::node::{self, ClusterHandle};
 use tessera_cluster::singleton::Singletons;
 use tessera_cluster::transport::{MemoryNetwork, MemoryTransport};
 use tessera_cluster::{Address, MemberStatus};
-use tessera_coordinator::host::{AskFailure, ShardHost};
+use tessera_coordinator::host::{AskFailure, EntityNote, ShardHost};
 use tessera_coordinator::remember::RememberStore;
 use tessera_coordinator::runtime::{RememberEntitiesSetup, RuntimeSettings, ShardedType, Sharding};
 use tessera_coordinator::settings::ShardingSettings;
 use tessera_coordinator::store::{CoordinatorStore, MemoryStore, StoreError};
 use tessera_coordinator::{ShardId, shard_of};
 use tessera_entities::EntityId;
+use tokio::sync::mpsc;
 
 fn address(i: usize) -> Address {
     Address::new("10.3.0.1", 25520 + u16::try_from(i).expect("small"))
@@ -42,7 +44,10 @@ struct World {
 /// Remembered entity ids by shard, shared by every node (as Distributed Data would be).
 #[derive(Default)]
 struct MemoryRemember {
-    ids: Mutex<BTreeMap<ShardId, BTreeSet<String>>>,
+    ids: Arc<Mutex<BTreeMap<ShardId, BTreeSet<String>>>>,
+    /// How long a write takes before its changes are visible (and it answers): zero writes
+    /// at once.
+    write_delay: Mutex<Duration>,
 }
 
 impl RememberStore for MemoryRemember {
@@ -63,13 +68,28 @@ impl RememberStore for MemoryRemember {
         started: Vec<String>,
         stopped: Vec<String>,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
-        let mut all = self.ids.lock().unwrap();
-        let ids = all.entry(shard).or_default();
-        ids.extend(started);
-        for id in stopped {
-            ids.remove(&id);
+        let apply = {
+            let all = self.ids.clone();
+            move || {
+                let mut all = all.lock().unwrap();
+                let ids = all.entry(shard).or_default();
+                ids.extend(started);
+                for id in stopped {
+                    ids.remove(&id);
+                }
+            }
+        };
+        let delay = *self.write_delay.lock().unwrap();
+        if delay.is_zero() {
+            apply();
+            return futures::future::ready(Ok(())).boxed();
         }
-        futures::future::ready(Ok(())).boxed()
+        async move {
+            tokio::time::sleep(delay).await;
+            apply();
+            Ok(())
+        }
+        .boxed()
     }
 
     fn shards(&self) -> BoxFuture<'static, Result<BTreeSet<ShardId>, StoreError>> {
@@ -82,6 +102,8 @@ struct CounterHost {
     node: usize,
     world: Arc<World>,
     live: Mutex<HashSet<String>>,
+    /// Where the host tells its region that an entity started (remember-entities).
+    notes: Option<mpsc::Sender<EntityNote>>,
 }
 
 impl ShardHost for CounterHost {
@@ -101,6 +123,11 @@ impl ShardHost for CounterHost {
                     .lock()
                     .unwrap()
                     .push(format!("{entity_id} on {nodes:?}"));
+            }
+            if let Some(notes) = &self.notes {
+                notes
+                    .try_send(EntityNote::Started(entity_id.to_string()))
+                    .expect("room for the note");
             }
         }
         let mut counts = self.world.counts.lock().unwrap();
@@ -187,10 +214,12 @@ fn start_node_with(
     });
     let cluster = node::start(transport.clone(), config).expect("start");
     let singletons = Singletons::start(transport.clone(), cluster.watch()).expect("singletons");
+    let (notes, notes_from_host) = mpsc::channel(1_024);
     let host = Arc::new(CounterHost {
         node: i,
         world: world.clone(),
         live: Mutex::new(HashSet::new()),
+        notes: world.remembered.is_some().then_some(notes),
     });
     let sharding = Sharding::start(
         transport,
@@ -204,8 +233,7 @@ fn start_node_with(
             store: store.clone() as Arc<dyn CoordinatorStore>,
             remember: world.remembered.clone().map(|store| RememberEntitiesSetup {
                 store: store as Arc<dyn RememberStore>,
-                // No notes: the test writes the remembered ids itself.
-                notes: tokio::sync::mpsc::channel(1).1,
+                notes: notes_from_host,
             }),
         }],
         RuntimeSettings::default(),
@@ -241,10 +269,19 @@ async fn cluster(
     world: &Arc<World>,
     store: &Arc<MemoryStore>,
 ) -> (Arc<MemoryNetwork>, Vec<TestNode>) {
+    cluster_with(n, world, store, sharding_settings()).await
+}
+
+async fn cluster_with(
+    n: usize,
+    world: &Arc<World>,
+    store: &Arc<MemoryStore>,
+    settings: ShardingSettings,
+) -> (Arc<MemoryNetwork>, Vec<TestNode>) {
     let network = MemoryNetwork::new(5);
     let mut nodes = Vec::new();
     for i in 0..n {
-        nodes.push(start_node(&network, i, world, store));
+        nodes.push(start_node_with(&network, i, world, store, settings.clone()));
         let refs: Vec<&TestNode> = nodes.iter().collect();
         wait_until("nodes up", Duration::from_secs(30), || all_up(&refs, i + 1)).await;
     }
@@ -341,6 +378,137 @@ async fn remembered_entities_a_full_host_refused_are_started_on_a_later_tick() {
     .await;
     assert_eq!(*world.starts_to_refuse.lock().unwrap(), 0, "refusals left");
     assert!(world.double_activations.lock().unwrap().is_empty());
+}
+
+/// A world whose entities are remembered in a store whose writes take `write_delay`.
+fn remembering_world(write_delay: Duration) -> (Arc<MemoryRemember>, Arc<World>) {
+    let remembered = Arc::new(MemoryRemember {
+        write_delay: Mutex::new(write_delay),
+        ..MemoryRemember::default()
+    });
+    let world = Arc::new(World {
+        remembered: Some(remembered.clone()),
+        ..World::default()
+    });
+    (remembered, world)
+}
+
+/// An entity started just before its shard is handed off: its remembered-entity write is
+/// still under way (each takes a second here) when the shard's entities have stopped. The
+/// shard is reported stopped only once the write is stored, so its next home reads the
+/// entity and starts it without a message.
+#[tokio::test(start_paused = true)]
+async fn entities_started_just_before_a_handoff_are_started_at_the_shards_next_home() {
+    let (remembered, world) = remembering_world(Duration::from_secs(1));
+    // The coordinator's state with remember-entities on: shards handed off are allocated
+    // again without a message.
+    let store = Arc::new(MemoryStore::new(true));
+    let (_network, nodes) = cluster(2, &world, &store).await;
+    for e in 0..20 {
+        assert_eq!(inc(&nodes[1], &format!("h{e}")).await, Ok(1));
+    }
+    let on_node_1: Vec<String> = {
+        let running = world.running.lock().unwrap();
+        (0..20)
+            .map(|e| format!("h{e}"))
+            .filter(|id| running.get(id).is_some_and(|nodes| nodes.contains(&1)))
+            .collect()
+    };
+    assert!(!on_node_1.is_empty(), "some entities run on node 1");
+    // At once: the notes of the starts are not stored yet.
+    assert!(
+        nodes[1]
+            .sharding
+            .hand_off_all(Duration::from_secs(30))
+            .await
+    );
+    wait_until(
+        "node 1's entities running on node 0 without a message",
+        Duration::from_secs(30),
+        || {
+            let running = world.running.lock().unwrap();
+            on_node_1.iter().all(|id| {
+                running
+                    .get(id)
+                    .is_some_and(|nodes| nodes.len() == 1 && nodes.contains(&0))
+            })
+        },
+    )
+    .await;
+    assert!(world.double_activations.lock().unwrap().is_empty());
+    let stored = remembered.ids.lock().unwrap().clone();
+    for id in &on_node_1 {
+        let shard = shard_of(
+            &EntityId::new(id).unwrap(),
+            sharding_settings().number_of_shards,
+        );
+        assert!(
+            stored.get(&shard).is_some_and(|ids| ids.contains(id)),
+            "{id} remembered"
+        );
+    }
+}
+
+/// A remember-entities store that does not answer within the handoff timeout does not stop
+/// a handoff: the region waits for the shard's writes for half the timeout (the coordinator's
+/// own counts from before the stop), then reports the shard stopped without them.
+#[tokio::test(start_paused = true)]
+async fn a_handoff_does_not_wait_for_a_remember_store_that_does_not_answer() {
+    let (_remembered, world) = remembering_world(Duration::from_secs(3_600));
+    let store = Arc::new(MemoryStore::new(true));
+    let settings = ShardingSettings {
+        handoff_timeout: Duration::from_secs(4),
+        ..sharding_settings()
+    };
+    let (_network, nodes) = cluster_with(2, &world, &store, settings).await;
+    for e in 0..20 {
+        assert_eq!(inc(&nodes[1], &format!("w{e}")).await, Ok(1));
+    }
+    assert!(
+        nodes[1]
+            .sharding
+            .hand_off_all(Duration::from_secs(30))
+            .await,
+        "node 1 handed off its shards"
+    );
+    assert_eq!(nodes[1].sharding.region_gauges()[0].1.shards, 0);
+    // Within the coordinator's (node 0's) timeout: it gave up none of the handoffs.
+    let coordinator = nodes[0].sharding.coordinator_gauges()[0].1.clone();
+    assert!(coordinator.running);
+    assert_eq!(coordinator.handoffs_given_up, 0, "{coordinator:?}");
+    // Their entities answer from node 0 (started by their next command).
+    for e in 0..20 {
+        assert_eq!(inc(&nodes[0], &format!("w{e}")).await, Ok(2));
+    }
+    assert!(world.double_activations.lock().unwrap().is_empty());
+}
+
+/// A caller that gives up on an ask forwarded to another node (its future dropped before
+/// the reply) leaves no reply slot behind while the reply is still to come.
+#[tokio::test(start_paused = true)]
+async fn an_ask_its_caller_dropped_leaves_no_reply_slot() {
+    let world = Arc::new(World::default());
+    let store = Arc::new(MemoryStore::default());
+    let (network, nodes) = cluster(2, &world, &store).await;
+    // Entities whose shards node 0 hosts, asked once through node 1 so that node 1 knows
+    // their home and forwards its callers' asks itself.
+    let mut on_node_0 = Vec::new();
+    for e in 0..20 {
+        let id = format!("d{e}");
+        assert_eq!(inc(&nodes[1], &id).await, Ok(1));
+        if world.running.lock().unwrap()[&id].contains(&0) {
+            on_node_0.push(id);
+        }
+    }
+    assert!(!on_node_0.is_empty(), "some entities run on node 0");
+    assert_eq!(nodes[1].sharding.replies_awaited("counter"), Some(0));
+    // Node 1's frames now take a minute to reach node 0; each caller gives up after 100 ms.
+    network.set_delay(&address(1), &address(0), Duration::from_secs(60));
+    for id in &on_node_0 {
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), inc(&nodes[1], id)).await;
+        assert!(gave_up.is_err(), "{id} answered: {gave_up:?}");
+    }
+    assert_eq!(nodes[1].sharding.replies_awaited("counter"), Some(0));
 }
 
 #[tokio::test(start_paused = true)]

@@ -166,6 +166,8 @@ pub struct ShardingMetrics {
     /// Whether the type's coordinator runs on this node.
     pub coordinator_running: bool,
     pub coordinator_handoffs_total: u64,
+    /// Handoffs the coordinator gave up (not confirmed within the handoff timeout).
+    pub coordinator_handoffs_given_up_total: u64,
     pub rebalance_rounds_total: u64,
     pub coordinator_writes_total: u64,
 }
@@ -656,7 +658,7 @@ impl Scrape {
                 .iter()
                 .map(move |s| (s.entity_type.as_str(), stat(s)))
         };
-        let families: [(Kind, &str, &str, ShardingStat); 10] = [
+        let families: [(Kind, &str, &str, ShardingStat); 11] = [
             (
                 Gauge,
                 "tessera_sharding_shards",
@@ -704,6 +706,13 @@ impl Scrape {
                 "tessera_sharding_coordinator_handoffs_total",
                 "Handoffs the coordinator on this node completed (since it started here).",
                 |s| s.coordinator_handoffs_total,
+            ),
+            (
+                Counter,
+                "tessera_sharding_coordinator_handoffs_given_up_total",
+                "Handoffs the coordinator on this node gave up because the shard's owner did not \
+                 report it stopped within the handoff timeout (since it started here).",
+                |s| s.coordinator_handoffs_given_up_total,
             ),
             (
                 Counter,
@@ -1004,6 +1013,8 @@ TYPE tessera_journal_writers gauge
   tessera_journal_writers
 TYPE tessera_sharding_buffered_messages gauge
   tessera_sharding_buffered_messages{type="account"}
+TYPE tessera_sharding_coordinator_handoffs_given_up_total counter
+  tessera_sharding_coordinator_handoffs_given_up_total{type="account"}
 TYPE tessera_sharding_coordinator_handoffs_total counter
   tessera_sharding_coordinator_handoffs_total{type="account"}
 TYPE tessera_sharding_coordinator_running gauge
