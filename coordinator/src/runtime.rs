@@ -204,8 +204,8 @@ pub struct CoordinatorGauges {
     pub shards: usize,
     pub regions: usize,
     pub handoffs_completed: u64,
-    /// Handoffs given up (the owner did not report the shard stopped within the handoff
-    /// timeout); the shard stays where it was.
+    /// Handoffs given up: not completed within the handoff timeout (counted from the start
+    /// of the handoff), or their shard's owner left the cluster meanwhile.
     pub handoffs_given_up: u64,
     pub rebalance_rounds: u64,
     pub writes: u64,
@@ -617,8 +617,9 @@ impl<T: Transport> Sharding<T> {
             .collect()
     }
 
-    /// How many asks of this node's callers wait for a reply from another node for
-    /// `type_name` (forwarded by the region task or by the callers themselves).
+    /// How many reply slots of asks this node forwarded for `type_name` are held: those its
+    /// callers forwarded themselves until each ask ends; those the region task forwarded
+    /// until their reply or their deadline (a little past the ask timeout).
     pub fn replies_awaited(&self, type_name: &str) -> Option<usize> {
         let region = self.regions.get(type_name)?;
         Some(lock_waiting(&region.direct.waiting).len())
@@ -1192,8 +1193,10 @@ impl<T: Transport> RegionTask<T> {
             RegionInput::ShardStopped(shard) => {
                 let began = self.stops_began.remove(&shard);
                 if self.remember_unsettled(shard) {
-                    // Well within the coordinator's handoff timeout, which counts from before
-                    // the stop began: a wait past it would make the coordinator give up.
+                    // Half the handoff timeout from the stop: the coordinator's own counts from
+                    // before the stop began (from the start of the handoff), and a stop that
+                    // reports past it is given up. A shard that restarts for messages that
+                    // reached it while it stopped (and stops again) waits afresh.
                     let deadline = began.unwrap_or_else(clock_now) + self.handoff_timeout / 2;
                     if deadline > clock_now() {
                         self.stops_awaiting_remember.insert(shard, deadline);

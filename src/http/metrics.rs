@@ -710,8 +710,8 @@ impl Scrape {
             (
                 Counter,
                 "tessera_sharding_coordinator_handoffs_given_up_total",
-                "Handoffs the coordinator on this node gave up because the shard's owner did not \
-                 report it stopped within the handoff timeout (since it started here).",
+                "Handoffs the coordinator on this node gave up: not completed within the handoff \
+                 timeout, or the shard's owner left meanwhile (since it started here).",
                 |s| s.coordinator_handoffs_given_up_total,
             ),
             (
