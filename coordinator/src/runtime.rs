@@ -570,6 +570,7 @@ impl<T: Transport> Sharding<T> {
         }
         let router = Router {
             self_uid: transport.local().uid,
+            self_address: transport.local().address.clone(),
             regions: region_inputs,
             coordinators,
             counters: counters.clone(),
@@ -849,6 +850,8 @@ fn stopping(type_name: &str) -> AskFailure {
 struct Router {
     /// This node's incarnation: frames for a region of another one are dropped.
     self_uid: u64,
+    /// Named in the refusals of forwarded commands.
+    self_address: Address,
     regions: HashMap<String, RegionRoute>,
     coordinators: CoordinatorRoutes,
     counters: Arc<ShardingCounters>,
@@ -898,8 +901,20 @@ impl Router {
             }
             return;
         }
-        let Some(region) = self.regions.get(frame.type_name()) else {
+        let Some((type_key, region)) = self.regions.get_key_value(frame.type_name()) else {
             ShardingCounters::incr(&self.counters.frames_unrouted);
+            if let ShardingFrame::Forward { type_name, ask, .. } = frame {
+                // Never delivered: its caller hears why now rather than at its timeout.
+                let failure = AskFailure::new(
+                    FailureKind::BadRequest,
+                    AskOutcome::NotApplied,
+                    format!(
+                        "the node at {} does not shard entity type {type_name:?}",
+                        self.self_address
+                    ),
+                );
+                self.refuse(&type_name, ask, failure);
+            }
             return;
         };
         let input = match frame {
@@ -944,12 +959,40 @@ impl Router {
             },
             ShardingFrame::ToCoordinator { .. } => return,
         };
-        let forward = matches!(input, RegionInput::Forward { .. });
-        if region.inputs.try_send(input).is_err() {
+        if let Err(error) = region.inputs.try_send(input) {
             ShardingCounters::incr(&self.counters.frames_dropped);
-            if forward {
+            let (failure, input) = match error {
+                mpsc::error::TrySendError::Full(input) => (
+                    AskFailure::new(
+                        FailureKind::Overloaded,
+                        AskOutcome::NotApplied,
+                        format!(
+                            "the {type_key} region's queue on {} is full \
+                             ({INPUT_QUEUE_CAPACITY} inputs)",
+                            self.self_address
+                        ),
+                    ),
+                    input,
+                ),
+                mpsc::error::TrySendError::Closed(input) => (stopping(type_key), input),
+            };
+            if let RegionInput::Forward { ask, .. } = input {
                 region.direct.queued_forwards.fetch_sub(1, Ordering::SeqCst);
+                // Never delivered: its caller hears why now rather than at its timeout.
+                self.refuse(type_key, ask, failure);
             }
+        }
+    }
+
+    /// Answers a forwarded command that was not delivered with `failure`.
+    fn refuse(&self, type_name: &str, ask: RemoteAsk, failure: AskFailure) {
+        let frame = ShardingFrame::Reply {
+            type_name: type_name.to_string(),
+            reply_id: ask.reply_id,
+            result: Err(failure),
+        };
+        if let Err(error) = (self.send)(&ask.reply_to, &frame) {
+            tracing::debug!(to = %ask.reply_to, %error, "a sharding refusal was not sent");
         }
     }
 
@@ -2099,14 +2142,21 @@ mod tests {
         }
     }
 
-    /// Found by `tessera soak`: an account hosted by two regions at once after nodes were
-    /// restarted at their addresses. A frame for the previous incarnation of this node (a
-    /// repeated `HostShard`, say) must not reach the new one's region.
-    #[test]
-    fn a_frame_for_an_earlier_incarnation_of_this_node_is_dropped() {
-        let (tx, mut rx) = mpsc::channel(4);
-        let counters = Arc::new(ShardingCounters::default());
-        let send: SendFrame = Arc::new(|_: &Address, _: &ShardingFrame| Ok(()));
+    /// The frames a router sent, with their destinations.
+    type Sent = Arc<Mutex<Vec<(Address, ShardingFrame)>>>;
+
+    /// A router of node uid 7 with an `account` region whose inputs queue holds `capacity`,
+    /// and the frames it sends.
+    fn account_router(capacity: usize) -> (Router, mpsc::Receiver<RegionInput>, Sent) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let send: SendFrame = {
+            let sent = sent.clone();
+            Arc::new(move |to: &Address, frame: &ShardingFrame| {
+                sent.lock().unwrap().push((to.clone(), frame.clone()));
+                Ok(())
+            })
+        };
         let direct = Arc::new(DirectPath {
             type_name: "account".into(),
             host: None,
@@ -2122,11 +2172,96 @@ mod tests {
         let route = RegionRoute { inputs: tx, direct };
         let router = Router {
             self_uid: 7,
+            self_address: Address::new("10.0.0.1", 25520),
             regions: HashMap::from([("account".to_string(), route)]),
             coordinators: CoordinatorRoutes::default(),
-            counters: counters.clone(),
+            counters: Arc::new(ShardingCounters::default()),
             send,
         };
+        (router, rx, sent)
+    }
+
+    fn forwarded(type_name: &str, reply_id: u64) -> Inbound {
+        let frame = ShardingFrame::Forward {
+            type_name: type_name.into(),
+            shard: ShardId(3),
+            ask: RemoteAsk {
+                entity_id: "alice".into(),
+                payload: b"{}".to_vec(),
+                reply_to: Address::new("10.0.0.2", 25520),
+                reply_id,
+            },
+        };
+        Inbound {
+            from: UniqueAddress::new(Address::new("10.0.0.2", 25520), 99),
+            service: services::SHARDING,
+            payload: Bytes::from(wire::encode(&frame).unwrap()),
+            reply: None,
+        }
+    }
+
+    /// A command forwarded here that the region cannot take (its queue full, or a type this
+    /// node does not shard) was never delivered: its caller is told so at once, rather than
+    /// waiting for its ask timeout and hearing "outcome unknown".
+    #[test]
+    fn a_forwarded_command_that_is_not_delivered_is_refused_at_once() {
+        let (router, mut rx, sent) = account_router(1);
+        router.route(inbound_to_region(7));
+        router.route(forwarded("account", 41));
+        router.route(forwarded("order", 42));
+        let refusals: Vec<(u64, AskFailure)> = sent
+            .lock()
+            .unwrap()
+            .drain(..)
+            .map(|(to, frame)| {
+                assert_eq!(to, Address::new("10.0.0.2", 25520));
+                match frame {
+                    ShardingFrame::Reply {
+                        reply_id,
+                        result: Err(failure),
+                        ..
+                    } => (reply_id, failure),
+                    other => panic!("not a refusal: {other:?}"),
+                }
+            })
+            .collect();
+        assert_eq!(refusals.len(), 2, "{refusals:?}");
+        let (id, full) = &refusals[0];
+        assert_eq!(*id, 41);
+        assert_eq!(full.kind, FailureKind::Overloaded);
+        assert_eq!(full.outcome, AskOutcome::NotApplied);
+        assert_eq!(
+            full.message,
+            format!(
+                "the account region's queue on 10.0.0.1:25520 is full ({INPUT_QUEUE_CAPACITY} inputs)"
+            )
+        );
+        let (id, unknown) = &refusals[1];
+        assert_eq!(*id, 42);
+        assert_eq!(unknown.kind, FailureKind::BadRequest);
+        assert_eq!(unknown.outcome, AskOutcome::NotApplied);
+        assert_eq!(
+            unknown.message,
+            "the node at 10.0.0.1:25520 does not shard entity type \"order\""
+        );
+        let direct = &router.regions["account"].direct;
+        assert_eq!(direct.queued_forwards.load(Ordering::SeqCst), 0);
+        assert_eq!(router.counters.frames_dropped.load(Ordering::Relaxed), 1);
+        // The queue's one input is the frame that filled it.
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(RegionInput::FromCoordinator { .. })
+        ));
+        assert!(rx.try_recv().is_err());
+    }
+
+    /// Found by `tessera soak`: an account hosted by two regions at once after nodes were
+    /// restarted at their addresses. A frame for the previous incarnation of this node (a
+    /// repeated `HostShard`, say) must not reach the new one's region.
+    #[test]
+    fn a_frame_for_an_earlier_incarnation_of_this_node_is_dropped() {
+        let (router, mut rx, _sent) = account_router(4);
+        let counters = router.counters.clone();
         router.route(inbound_to_region(6));
         assert!(rx.try_recv().is_err());
         assert_eq!(counters.frames_unrouted.load(Ordering::Relaxed), 1);
