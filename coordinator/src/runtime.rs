@@ -42,7 +42,8 @@ pub const SHARDING_LANE: Lane = Lane::Quorum;
 /// Bound of the node's inbound sharding queue (full: the transport drops and counts).
 pub const SERVICE_QUEUE_CAPACITY: usize = 16_384;
 /// Bound of each region's and each coordinator's input queue; a frame that finds it full is
-/// dropped and counted (the protocol repeats what it needs; a dropped command times out).
+/// dropped and counted (the protocol repeats what it needs; a command forwarded from another
+/// node is refused back to its caller, not applied).
 pub const INPUT_QUEUE_CAPACITY: usize = 16_384;
 /// Resolution of the regions' and coordinators' timers.
 pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
@@ -905,8 +906,10 @@ impl Router {
             ShardingCounters::incr(&self.counters.frames_unrouted);
             if let ShardingFrame::Forward { type_name, ask, .. } = frame {
                 // Never delivered: its caller hears why now rather than at its timeout.
+                // The sender shards the type and placed the shard here: the nodes disagree
+                // (this one restarted without the type, say) until the coordinator moves it.
                 let failure = AskFailure::new(
-                    FailureKind::BadRequest,
+                    FailureKind::Unavailable,
                     AskOutcome::NotApplied,
                     format!(
                         "the node at {} does not shard entity type {type_name:?}",
@@ -974,7 +977,14 @@ impl Router {
                     ),
                     input,
                 ),
-                mpsc::error::TrySendError::Closed(input) => (stopping(type_key), input),
+                mpsc::error::TrySendError::Closed(input) => (
+                    AskFailure::new(
+                        FailureKind::Unavailable,
+                        AskOutcome::NotApplied,
+                        format!("the {type_key} region on {} is stopping", self.self_address),
+                    ),
+                    input,
+                ),
             };
             if let RegionInput::Forward { ask, .. } = input {
                 region.direct.queued_forwards.fetch_sub(1, Ordering::SeqCst);
@@ -2200,15 +2210,8 @@ mod tests {
         }
     }
 
-    /// A command forwarded here that the region cannot take (its queue full, or a type this
-    /// node does not shard) was never delivered: its caller is told so at once, rather than
-    /// waiting for its ask timeout and hearing "outcome unknown".
-    #[test]
-    fn a_forwarded_command_that_is_not_delivered_is_refused_at_once() {
-        let (router, mut rx, sent) = account_router(1);
-        router.route(inbound_to_region(7));
-        router.route(forwarded("account", 41));
-        router.route(forwarded("order", 42));
+    /// The refusals a router sent, each to the forward's sender: reply id and failure.
+    fn refusals_sent(sent: &Sent, type_names: &[&str]) -> Vec<(u64, AskFailure)> {
         let refusals: Vec<(u64, AskFailure)> = sent
             .lock()
             .unwrap()
@@ -2217,15 +2220,34 @@ mod tests {
                 assert_eq!(to, Address::new("10.0.0.2", 25520));
                 match frame {
                     ShardingFrame::Reply {
+                        type_name,
                         reply_id,
                         result: Err(failure),
-                        ..
-                    } => (reply_id, failure),
+                    } => (type_name, reply_id, failure),
                     other => panic!("not a refusal: {other:?}"),
                 }
             })
+            .enumerate()
+            .map(|(i, (type_name, reply_id, failure))| {
+                // The sender finds the waiting caller by type and reply id.
+                assert_eq!(Some(&type_name.as_str()), type_names.get(i));
+                (reply_id, failure)
+            })
             .collect();
-        assert_eq!(refusals.len(), 2, "{refusals:?}");
+        assert_eq!(refusals.len(), type_names.len(), "{refusals:?}");
+        refusals
+    }
+
+    /// A command forwarded here that the region cannot take (its queue full, a type this node
+    /// does not shard, its region stopping) was never delivered: its caller is told so at
+    /// once, rather than waiting for its ask timeout and hearing "outcome unknown".
+    #[test]
+    fn a_forwarded_command_that_is_not_delivered_is_refused_at_once() {
+        let (router, mut rx, sent) = account_router(1);
+        router.route(inbound_to_region(7));
+        router.route(forwarded("account", 41));
+        router.route(forwarded("order", 42));
+        let refusals = refusals_sent(&sent, &["account", "order"]);
         let (id, full) = &refusals[0];
         assert_eq!(*id, 41);
         assert_eq!(full.kind, FailureKind::Overloaded);
@@ -2238,7 +2260,7 @@ mod tests {
         );
         let (id, unknown) = &refusals[1];
         assert_eq!(*id, 42);
-        assert_eq!(unknown.kind, FailureKind::BadRequest);
+        assert_eq!(unknown.kind, FailureKind::Unavailable);
         assert_eq!(unknown.outcome, AskOutcome::NotApplied);
         assert_eq!(
             unknown.message,
@@ -2253,6 +2275,20 @@ mod tests {
             Ok(RegionInput::FromCoordinator { .. })
         ));
         assert!(rx.try_recv().is_err());
+
+        // The region task ended: its queue is closed.
+        drop(rx);
+        router.route(forwarded("account", 43));
+        let refusals = refusals_sent(&sent, &["account"]);
+        let (id, stopping) = &refusals[0];
+        assert_eq!(*id, 43);
+        assert_eq!(stopping.kind, FailureKind::Unavailable);
+        assert_eq!(stopping.outcome, AskOutcome::NotApplied);
+        assert_eq!(
+            stopping.message,
+            "the account region on 10.0.0.1:25520 is stopping"
+        );
+        assert_eq!(direct.queued_forwards.load(Ordering::SeqCst), 0);
     }
 
     /// Found by `tessera soak`: an account hosted by two regions at once after nodes were
