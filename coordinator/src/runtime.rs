@@ -134,6 +134,9 @@ pub struct ShardingCounters {
     pub forwards_sent: AtomicU64,
     /// Replies that came after their caller stopped waiting.
     pub replies_late: AtomicU64,
+    /// Replies (and refusals) for callers on other nodes that the transport did not take:
+    /// those callers hear nothing and end at their ask timeout.
+    pub replies_unsent: AtomicU64,
     /// Coordinator state writes stored by coordinators on this node, and writes that failed.
     pub coordinator_writes: AtomicU64,
     pub coordinator_write_failures: AtomicU64,
@@ -160,6 +163,7 @@ impl ShardingCounters {
             frames_dropped: get(&self.frames_dropped),
             forwards_sent: get(&self.forwards_sent),
             replies_late: get(&self.replies_late),
+            replies_unsent: get(&self.replies_unsent),
             coordinator_writes: get(&self.coordinator_writes),
             coordinator_write_failures: get(&self.coordinator_write_failures),
             remember_writes: get(&self.remember_writes),
@@ -178,6 +182,7 @@ pub struct ShardingCountersSnapshot {
     pub frames_dropped: u64,
     pub forwards_sent: u64,
     pub replies_late: u64,
+    pub replies_unsent: u64,
     pub coordinator_writes: u64,
     pub coordinator_write_failures: u64,
     pub remember_writes: u64,
@@ -1002,7 +1007,7 @@ impl Router {
             result: Err(failure),
         };
         if let Err(error) = (self.send)(&ask.reply_to, &frame) {
-            tracing::debug!(to = %ask.reply_to, %error, "a sharding refusal was not sent");
+            reply_unsent(&self.counters, &ask.reply_to, &error);
         }
     }
 
@@ -1044,6 +1049,7 @@ impl Router {
         drop(routes);
         ShardingCounters::incr(&self.counters.asks_direct);
         let send = self.send.clone();
+        let counters = self.counters.clone();
         let type_name = type_name.to_string();
         tokio::spawn(async move {
             let frame = ShardingFrame::Reply {
@@ -1052,11 +1058,17 @@ impl Router {
                 result: answer.await,
             };
             if let Err(error) = send(&reply_to, &frame) {
-                tracing::debug!(to = %reply_to, %error, "a sharding reply was not sent");
+                reply_unsent(&counters, &reply_to, &error);
             }
         });
         Ok(())
     }
+}
+
+/// Counts a reply for a caller on another node that the transport did not take.
+fn reply_unsent(counters: &ShardingCounters, to: &Address, error: &str) {
+    ShardingCounters::incr(&counters.replies_unsent);
+    tracing::debug!(%to, %error, "a sharding reply was not sent");
 }
 
 fn send_frame<T: Transport>(
@@ -1726,7 +1738,7 @@ impl<T: Transport> RegionTask<T> {
                     result,
                 };
                 if let Err(error) = send_frame(&*self.transport, &to, &frame) {
-                    tracing::debug!(%to, %error, "a sharding reply was not sent");
+                    reply_unsent(&self.counters, &to, &error);
                 }
             }
         }
@@ -1853,6 +1865,7 @@ impl<T: Transport> RegionTask<T> {
             }
             ReplyTo::Remote { to, reply_id } => {
                 let transport = self.transport.clone();
+                let counters = self.counters.clone();
                 let type_name = self.type_name.clone();
                 tokio::spawn(async move {
                     let result = answer.await;
@@ -1862,7 +1875,7 @@ impl<T: Transport> RegionTask<T> {
                         result,
                     };
                     if let Err(error) = send_frame(&*transport, &to, &frame) {
-                        tracing::debug!(%to, %error, "a sharding reply was not sent");
+                        reply_unsent(&counters, &to, &error);
                     }
                 });
             }
@@ -2289,6 +2302,15 @@ mod tests {
             "the account region on 10.0.0.1:25520 is stopping"
         );
         assert_eq!(direct.queued_forwards.load(Ordering::SeqCst), 0);
+    }
+
+    /// A refusal the transport does not take is counted: its caller ends at its timeout.
+    #[test]
+    fn a_refusal_the_transport_does_not_take_is_counted() {
+        let (mut router, _rx, _sent) = account_router(1);
+        router.send = Arc::new(|_: &Address, _: &ShardingFrame| Err("no connection".into()));
+        router.route(forwarded("order", 7));
+        assert_eq!(router.counters.replies_unsent.load(Ordering::Relaxed), 1);
     }
 
     /// Found by `tessera soak`: an account hosted by two regions at once after nodes were

@@ -769,6 +769,12 @@ impl Scrape {
                 counters.replies_late,
             ),
             (
+                "tessera_sharding_replies_unsent_total",
+                "Replies and refusals for callers on other nodes that the transport did not \
+                 take (those callers end at their ask timeout).",
+                counters.replies_unsent,
+            ),
+            (
                 "tessera_sharding_coordinator_write_failures_total",
                 "Coordinator state writes that failed on this node, every entity type.",
                 counters.coordinator_write_failures,
@@ -1044,6 +1050,8 @@ TYPE tessera_sharding_remembered_started_total counter
   tessera_sharding_remembered_started_total
 TYPE tessera_sharding_replies_late_total counter
   tessera_sharding_replies_late_total
+TYPE tessera_sharding_replies_unsent_total counter
+  tessera_sharding_replies_unsent_total
 TYPE tessera_sharding_shards gauge
   tessera_sharding_shards{type="account"}
 TYPE tessera_transport_bytes_in_total counter
