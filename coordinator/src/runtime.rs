@@ -1461,8 +1461,21 @@ impl<T: Transport> RegionTask<T> {
                     && let Some(host) = &self.host
                     && !ids.is_empty()
                 {
+                    // Only valid ids are offered (and counted as started): any other came
+                    // from a damaged or foreign remember store, and the host would drop it.
+                    let (ids, invalid): (Vec<String>, Vec<String>) =
+                        ids.into_iter().partition(|id| EntityId::new(id).is_ok());
+                    if let Some(first) = invalid.first() {
+                        tracing::warn!(
+                            type_name = %self.type_name,
+                            %shard,
+                            count = invalid.len(),
+                            first = %first,
+                            "remembered entity ids that are not valid entity ids are not started"
+                        );
+                    }
                     let offered = ids.len();
-                    let skipped = host.start_entities(ids.into_iter().collect());
+                    let skipped = host.start_entities(ids);
                     self.counters.remembered_started.fetch_add(
                         offered.saturating_sub(skipped.len()) as u64,
                         Ordering::Relaxed,

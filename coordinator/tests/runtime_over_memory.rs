@@ -380,6 +380,50 @@ async fn remembered_entities_a_full_host_refused_are_started_on_a_later_tick() {
     assert!(world.double_activations.lock().unwrap().is_empty());
 }
 
+/// Ids in the remember store that are not valid entity ids (a damaged or foreign store) are
+/// neither offered to the host nor counted as started; the valid ones of the same shard are.
+#[tokio::test(start_paused = true)]
+async fn remembered_ids_that_are_not_entity_ids_are_not_started_or_counted() {
+    let remembered = Arc::new(MemoryRemember::default());
+    let settings = sharding_settings();
+    let ids: Vec<String> = (0..10).map(|e| format!("v{e}")).collect();
+    for id in &ids {
+        let shard = shard_of(&EntityId::new(id).unwrap(), settings.number_of_shards);
+        remembered
+            .update(shard, vec![id.clone()], Vec::new())
+            .now_or_never();
+    }
+    let shard = shard_of(&EntityId::new("v0").unwrap(), settings.number_of_shards);
+    let invalid = vec![String::new(), "bad\u{1}id".to_string()];
+    remembered
+        .update(shard, invalid.clone(), Vec::new())
+        .now_or_never();
+    let world = Arc::new(World {
+        remembered: Some(remembered),
+        ..World::default()
+    });
+    let store = Arc::new(MemoryStore::default());
+    // One node: each shard lands once, so each valid id is started once.
+    let (_network, nodes) = cluster(1, &world, &store).await;
+    wait_until(
+        "every valid remembered entity running",
+        Duration::from_secs(30),
+        || {
+            let running = world.running.lock().unwrap();
+            ids.iter().all(|id| running.contains_key(id))
+        },
+    )
+    .await;
+    let running = world.running.lock().unwrap();
+    for id in &invalid {
+        assert!(!running.contains_key(id), "{id:?} was offered to the host");
+    }
+    assert_eq!(
+        nodes[0].sharding.counters().snapshot().remembered_started,
+        ids.len() as u64
+    );
+}
+
 /// A world whose entities are remembered in a store whose writes take `write_delay`.
 fn remembering_world(write_delay: Duration) -> (Arc<MemoryRemember>, Arc<World>) {
     let remembered = Arc::new(MemoryRemember {
