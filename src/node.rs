@@ -1027,6 +1027,7 @@ impl NodeControl {
                     coordinator_handoffs_given_up_total: coordinator.handoffs_given_up,
                     rebalance_rounds_total: coordinator.rebalance_rounds,
                     coordinator_writes_total: coordinator.writes,
+                    coordinator_write_failures_total: coordinator.write_failures,
                 }
             })
             .collect()

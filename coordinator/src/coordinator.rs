@@ -81,6 +81,8 @@ struct Handoff {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CoordinatorStats {
     pub writes: u64,
+    /// State writes that failed (each is retried, or stops the coordinator when fatal).
+    pub write_failures: u64,
     pub handoffs_started: u64,
     pub handoffs_completed: u64,
     pub handoffs_given_up: u64,
@@ -282,6 +284,7 @@ impl ShardCoordinator {
         if self.writing.is_none() || self.stopped {
             return Vec::new();
         }
+        self.stats.write_failures += 1;
         if fatal {
             self.stopped = true;
             return vec![CoordinatorOutput::Stop {

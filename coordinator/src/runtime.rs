@@ -137,9 +137,9 @@ pub struct ShardingCounters {
     /// Replies (and refusals) for callers on other nodes that the transport did not take:
     /// those callers hear nothing and end at their ask timeout.
     pub replies_unsent: AtomicU64,
-    /// Coordinator state writes stored by coordinators on this node, and writes that failed.
+    /// Coordinator state writes stored by coordinators on this node (by type: the
+    /// coordinator's gauges).
     pub coordinator_writes: AtomicU64,
-    pub coordinator_write_failures: AtomicU64,
     /// Remembered-entity changes stored, and writes that failed (retried).
     pub remember_writes: AtomicU64,
     pub remember_write_failures: AtomicU64,
@@ -165,7 +165,6 @@ impl ShardingCounters {
             replies_late: get(&self.replies_late),
             replies_unsent: get(&self.replies_unsent),
             coordinator_writes: get(&self.coordinator_writes),
-            coordinator_write_failures: get(&self.coordinator_write_failures),
             remember_writes: get(&self.remember_writes),
             remember_write_failures: get(&self.remember_write_failures),
             remembered_started: get(&self.remembered_started),
@@ -184,7 +183,6 @@ pub struct ShardingCountersSnapshot {
     pub replies_late: u64,
     pub replies_unsent: u64,
     pub coordinator_writes: u64,
-    pub coordinator_write_failures: u64,
     pub remember_writes: u64,
     pub remember_write_failures: u64,
     pub remembered_started: u64,
@@ -215,6 +213,7 @@ pub struct CoordinatorGauges {
     pub handoffs_given_up: u64,
     pub rebalance_rounds: u64,
     pub writes: u64,
+    pub write_failures: u64,
 }
 
 /// What a region gives a local caller: the reply, or (for an entity of this node) the
@@ -2055,12 +2054,10 @@ impl<T: Transport> CoordinatorTask<T> {
                     match result {
                         Ok(()) => coordinator.write_done(now),
                         Err(StoreError::Unavailable(reason)) => {
-                            ShardingCounters::incr(&self.counters.coordinator_write_failures);
                             tracing::debug!(type_name = %self.type_name, %reason, "coordinator state write failed; retrying");
                             coordinator.write_failed(false, &reason, now)
                         }
                         Err(StoreError::Fatal(reason)) => {
-                            ShardingCounters::incr(&self.counters.coordinator_write_failures);
                             coordinator.write_failed(true, &reason, now)
                         }
                     }
@@ -2114,6 +2111,7 @@ impl<T: Transport> CoordinatorTask<T> {
             handoffs_given_up: stats.handoffs_given_up,
             rebalance_rounds: stats.rebalance_rounds,
             writes: stats.writes,
+            write_failures: stats.write_failures,
         };
         self.gauges.send_if_modified(|current| {
             if *current == gauges {

@@ -863,8 +863,14 @@ impl Sim {
         let now = self.now();
         if fails {
             if let Some(coordinator) = self.nodes[node].coordinator.as_mut() {
+                let failures = coordinator.stats().write_failures;
                 let out = coordinator.write_failed(false, "simulated failure", now);
+                // The failure the driver reports for the write in flight is counted (metrics).
+                let counted = coordinator.stats().write_failures == failures + 1;
                 self.coordinator_outputs(node, out);
+                if !counted {
+                    self.violation("a failed state write was not counted".to_string());
+                }
             }
             return;
         }

@@ -170,6 +170,8 @@ pub struct ShardingMetrics {
     pub coordinator_handoffs_given_up_total: u64,
     pub rebalance_rounds_total: u64,
     pub coordinator_writes_total: u64,
+    /// Coordinator state writes that failed (each retried, or fatal).
+    pub coordinator_write_failures_total: u64,
 }
 
 /// Refused connections by reason (the `reason` label).
@@ -658,7 +660,7 @@ impl Scrape {
                 .iter()
                 .map(move |s| (s.entity_type.as_str(), stat(s)))
         };
-        let families: [(Kind, &str, &str, ShardingStat); 11] = [
+        let families: [(Kind, &str, &str, ShardingStat); 12] = [
             (
                 Gauge,
                 "tessera_sharding_shards",
@@ -726,6 +728,13 @@ impl Scrape {
                 "Coordinator state writes stored (since it started here).",
                 |s| s.coordinator_writes_total,
             ),
+            (
+                Counter,
+                "tessera_sharding_coordinator_write_failures_total",
+                "Coordinator state writes that failed, each retried or, when the store refused \
+                 it for good, stopping the coordinator (since it started here).",
+                |s| s.coordinator_write_failures_total,
+            ),
         ];
         for (kind, name, help, stat) in families {
             out.labelled(kind, name, help, "type", by_type(stat))?;
@@ -773,11 +782,6 @@ impl Scrape {
                 "Replies and refusals for callers on other nodes that the transport did not \
                  take (those callers end at their ask timeout).",
                 counters.replies_unsent,
-            ),
-            (
-                "tessera_sharding_coordinator_write_failures_total",
-                "Coordinator state writes that failed on this node, every entity type.",
-                counters.coordinator_write_failures,
             ),
         ] {
             out.one(Counter, name, help, value)?;
@@ -1026,7 +1030,7 @@ TYPE tessera_sharding_coordinator_handoffs_total counter
 TYPE tessera_sharding_coordinator_running gauge
   tessera_sharding_coordinator_running{type="account"}
 TYPE tessera_sharding_coordinator_write_failures_total counter
-  tessera_sharding_coordinator_write_failures_total
+  tessera_sharding_coordinator_write_failures_total{type="account"}
 TYPE tessera_sharding_coordinator_writes_total counter
   tessera_sharding_coordinator_writes_total{type="account"}
 TYPE tessera_sharding_forwarded_total counter

@@ -492,14 +492,14 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
     let samples = text.lines().filter(|l| !l.starts_with('#')).count();
     // 7 statuses + 4 connection refusal reasons + 3 append outcomes + 2 × 3 ddata limits
     // refused + 2 request refusal reasons + 3 sharding frame refusal reasons + 2 remember
-    // write outcomes + 49 single-sample families + 3 histograms (journal appends under two
+    // write outcomes + 48 single-sample families + 3 histograms (journal appends under two
     // names, fsyncs) and 2 × 5 consistency levels of ddata reads and writes, each with 16
     // buckets, +Inf, sum and count; the entity, sharding and entity ask families of a type
     // have one sample (or histogram) per entity type, none here.
     let histogram = tessera_metrics::LATENCY_BUCKETS_SECONDS.len() + 3;
     assert_eq!(
         samples,
-        7 + 4 + 3 + 2 * 3 + 2 + 3 + 2 + 49 + (3 + 2 * 5) * histogram
+        7 + 4 + 3 + 2 * 3 + 2 + 3 + 2 + 48 + (3 + 2 * 5) * histogram
     );
 }
 
