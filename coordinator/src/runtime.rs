@@ -134,12 +134,9 @@ pub struct ShardingCounters {
     pub forwards_sent: AtomicU64,
     /// Replies that came after their caller stopped waiting.
     pub replies_late: AtomicU64,
-    /// Replies (and refusals) for callers on other nodes that the transport did not take:
-    /// those callers hear nothing and end at their ask timeout.
+    /// Replies (and refusals) for callers on other nodes that could not be encoded or handed
+    /// to the transport: those callers hear nothing and end at their ask timeout.
     pub replies_unsent: AtomicU64,
-    /// Coordinator state writes stored by coordinators on this node (by type: the
-    /// coordinator's gauges).
-    pub coordinator_writes: AtomicU64,
     /// Remembered-entity changes stored, and writes that failed (retried).
     pub remember_writes: AtomicU64,
     pub remember_write_failures: AtomicU64,
@@ -164,7 +161,6 @@ impl ShardingCounters {
             forwards_sent: get(&self.forwards_sent),
             replies_late: get(&self.replies_late),
             replies_unsent: get(&self.replies_unsent),
-            coordinator_writes: get(&self.coordinator_writes),
             remember_writes: get(&self.remember_writes),
             remember_write_failures: get(&self.remember_write_failures),
             remembered_started: get(&self.remembered_started),
@@ -182,7 +178,6 @@ pub struct ShardingCountersSnapshot {
     pub forwards_sent: u64,
     pub replies_late: u64,
     pub replies_unsent: u64,
-    pub coordinator_writes: u64,
     pub remember_writes: u64,
     pub remember_write_failures: u64,
     pub remembered_started: u64,
@@ -478,7 +473,6 @@ impl<T: Transport> Sharding<T> {
                 let transport = transport.clone();
                 let membership = membership.clone();
                 let coordinators = coordinators.clone();
-                let counters = counters.clone();
                 let gauges = coordinator_gauges_tx.clone();
                 move |context: InstanceContext| {
                     let task = CoordinatorTask {
@@ -489,7 +483,6 @@ impl<T: Transport> Sharding<T> {
                         transport: transport.clone(),
                         membership: membership.clone(),
                         coordinators: coordinators.clone(),
-                        counters: counters.clone(),
                         gauges: gauges.clone(),
                     };
                     tokio::spawn(task.run(context))
@@ -1064,7 +1057,8 @@ impl Router {
     }
 }
 
-/// Counts a reply for a caller on another node that the transport did not take.
+/// Counts a reply for a caller on another node that could not be encoded or handed to the
+/// transport.
 fn reply_unsent(counters: &ShardingCounters, to: &Address, error: &str) {
     ShardingCounters::incr(&counters.replies_unsent);
     tracing::debug!(%to, %error, "a sharding reply was not sent");
@@ -1469,7 +1463,7 @@ impl<T: Transport> RegionTask<T> {
                             type_name = %self.type_name,
                             %shard,
                             count = invalid.len(),
-                            first = %first,
+                            first = ?first.chars().take(64).collect::<String>(),
                             "remembered entity ids that are not valid entity ids are not started"
                         );
                     }
@@ -1948,7 +1942,6 @@ struct CoordinatorTask<T: Transport> {
     transport: Arc<T>,
     membership: watch::Receiver<ClusterSnapshot>,
     coordinators: CoordinatorRoutes,
-    counters: Arc<ShardingCounters>,
     gauges: Arc<watch::Sender<CoordinatorGauges>>,
 }
 
@@ -2147,7 +2140,6 @@ impl<T: Transport> CoordinatorTask<T> {
                         // The coordinator writes only changes that fit, in order.
                         let _ = after.apply(event);
                     }
-                    ShardingCounters::incr(&self.counters.coordinator_writes);
                     *writing = Some(self.store.write(events, after));
                 }
                 CoordinatorOutput::Stop { reason } => {

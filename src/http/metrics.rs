@@ -779,8 +779,8 @@ impl Scrape {
             ),
             (
                 "tessera_sharding_replies_unsent_total",
-                "Replies and refusals for callers on other nodes that the transport did not \
-                 take (those callers end at their ask timeout).",
+                "Replies and refusals for callers on other nodes that could not be encoded or \
+                 handed to the transport (those callers end at their ask timeout).",
                 counters.replies_unsent,
             ),
         ] {
