@@ -345,19 +345,25 @@ async fn every_entity_lives_on_one_node_and_answers_from_any() {
     );
 }
 
-/// A shard's remembered entities that its host could not take at once (full queues) are
-/// offered again on a later tick: they run without a message sent to them.
-#[tokio::test(start_paused = true)]
-async fn remembered_entities_a_full_host_refused_are_started_on_a_later_tick() {
+/// A remember store holding `ids`, each under its shard.
+fn remembering(ids: &[String]) -> Arc<MemoryRemember> {
     let remembered = Arc::new(MemoryRemember::default());
-    let settings = sharding_settings();
-    let ids: Vec<String> = (0..30).map(|e| format!("r{e}")).collect();
-    for id in &ids {
-        let shard = shard_of(&EntityId::new(id).unwrap(), settings.number_of_shards);
+    let number_of_shards = sharding_settings().number_of_shards;
+    for id in ids {
+        let shard = shard_of(&EntityId::new(id).unwrap(), number_of_shards);
         remembered
             .update(shard, vec![id.clone()], Vec::new())
             .now_or_never();
     }
+    remembered
+}
+
+/// A shard's remembered entities that its host could not take at once (full queues) are
+/// offered again on a later tick: they run without a message sent to them.
+#[tokio::test(start_paused = true)]
+async fn remembered_entities_a_full_host_refused_are_started_on_a_later_tick() {
+    let ids: Vec<String> = (0..30).map(|e| format!("r{e}")).collect();
+    let remembered = remembering(&ids);
     let world = Arc::new(World {
         remembered: Some(remembered),
         // More than the shards holding the 30 ids: every shard's first offer is refused.
@@ -384,16 +390,12 @@ async fn remembered_entities_a_full_host_refused_are_started_on_a_later_tick() {
 /// neither offered to the host nor counted as started; the valid ones of the same shard are.
 #[tokio::test(start_paused = true)]
 async fn remembered_ids_that_are_not_entity_ids_are_not_started_or_counted() {
-    let remembered = Arc::new(MemoryRemember::default());
-    let settings = sharding_settings();
     let ids: Vec<String> = (0..10).map(|e| format!("v{e}")).collect();
-    for id in &ids {
-        let shard = shard_of(&EntityId::new(id).unwrap(), settings.number_of_shards);
-        remembered
-            .update(shard, vec![id.clone()], Vec::new())
-            .now_or_never();
-    }
-    let shard = shard_of(&EntityId::new("v0").unwrap(), settings.number_of_shards);
+    let remembered = remembering(&ids);
+    let shard = shard_of(
+        &EntityId::new("v0").unwrap(),
+        sharding_settings().number_of_shards,
+    );
     let invalid = vec![String::new(), "bad\u{1}id".to_string()];
     remembered
         .update(shard, invalid.clone(), Vec::new())
