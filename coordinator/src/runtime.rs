@@ -993,14 +993,14 @@ impl Router {
 
     /// Answers a forwarded command that was not delivered with `failure`.
     fn refuse(&self, type_name: &str, ask: RemoteAsk, failure: AskFailure) {
-        let frame = ShardingFrame::Reply {
-            type_name: type_name.to_string(),
-            reply_id: ask.reply_id,
-            result: Err(failure),
-        };
-        if let Err(error) = (self.send)(&ask.reply_to, &frame) {
-            reply_unsent(&self.counters, &ask.reply_to, &error);
-        }
+        send_reply(
+            &self.send,
+            &self.counters,
+            &ask.reply_to,
+            type_name.to_string(),
+            ask.reply_id,
+            Err(failure),
+        );
     }
 
     /// Queues a command another region forwarded on the entity host at once when its shard
@@ -1044,24 +1044,32 @@ impl Router {
         let counters = self.counters.clone();
         let type_name = type_name.to_string();
         tokio::spawn(async move {
-            let frame = ShardingFrame::Reply {
-                type_name,
-                reply_id,
-                result: answer.await,
-            };
-            if let Err(error) = send(&reply_to, &frame) {
-                reply_unsent(&counters, &reply_to, &error);
-            }
+            let result = answer.await;
+            send_reply(&send, &counters, &reply_to, type_name, reply_id, result);
         });
         Ok(())
     }
 }
 
-/// Counts a reply for a caller on another node that could not be encoded or handed to the
-/// transport.
-fn reply_unsent(counters: &ShardingCounters, to: &Address, error: &str) {
-    ShardingCounters::incr(&counters.replies_unsent);
-    tracing::debug!(%to, %error, "a sharding reply was not sent");
+/// Sends the reply (or refusal) of a command a caller at `to` forwarded. One that cannot be
+/// encoded or handed to the transport is counted: that caller ends at its ask timeout.
+fn send_reply(
+    send: &SendFrame,
+    counters: &ShardingCounters,
+    to: &Address,
+    type_name: String,
+    reply_id: u64,
+    result: Result<Vec<u8>, AskFailure>,
+) {
+    let frame = ShardingFrame::Reply {
+        type_name,
+        reply_id,
+        result,
+    };
+    if let Err(error) = send(to, &frame) {
+        ShardingCounters::incr(&counters.replies_unsent);
+        tracing::debug!(%to, %error, "a sharding reply was not sent");
+    }
 }
 
 fn send_frame<T: Transport>(
@@ -1263,7 +1271,7 @@ impl<T: Transport> RegionTask<T> {
                     }
                     self.warn_unstored(shard);
                 }
-                self.rerouting(|task| task.handle(input));
+                self.report_stopped(shard);
             }
             RegionInput::RememberWritten { shard, ref failed } => {
                 let failed = failed.is_some();
@@ -1572,6 +1580,12 @@ impl<T: Transport> RegionTask<T> {
             return;
         }
         self.stops_awaiting_remember.remove(&shard);
+        self.report_stopped(shard);
+    }
+
+    /// Tells the region state machine that `shard`'s entities stopped (under the direct
+    /// path's write lock, as every input that may move a shard).
+    fn report_stopped(&mut self, shard: ShardId) {
         self.rerouting(|task| task.handle(RegionInput::ShardStopped(shard)));
     }
 
@@ -1590,7 +1604,7 @@ impl<T: Transport> RegionTask<T> {
         for shard in expired {
             self.stops_awaiting_remember.remove(&shard);
             self.warn_unstored(shard);
-            self.rerouting(|task| task.handle(RegionInput::ShardStopped(shard)));
+            self.report_stopped(shard);
         }
     }
 
@@ -1737,16 +1751,14 @@ impl<T: Transport> RegionTask<T> {
             ReplyTo::Local(tx) => {
                 let _ = tx.send(Answer::Ready(result));
             }
-            ReplyTo::Remote { to, reply_id } => {
-                let frame = ShardingFrame::Reply {
-                    type_name: self.type_name.clone(),
-                    reply_id,
-                    result,
-                };
-                if let Err(error) = send_frame(&*self.transport, &to, &frame) {
-                    reply_unsent(&self.counters, &to, &error);
-                }
-            }
+            ReplyTo::Remote { to, reply_id } => send_reply(
+                &self.direct.send,
+                &self.counters,
+                &to,
+                self.type_name.clone(),
+                reply_id,
+                result,
+            ),
         }
     }
 
@@ -1870,19 +1882,12 @@ impl<T: Transport> RegionTask<T> {
                 let _ = tx.send(Answer::Pending(answer));
             }
             ReplyTo::Remote { to, reply_id } => {
-                let transport = self.transport.clone();
+                let send = self.direct.send.clone();
                 let counters = self.counters.clone();
                 let type_name = self.type_name.clone();
                 tokio::spawn(async move {
                     let result = answer.await;
-                    let frame = ShardingFrame::Reply {
-                        type_name,
-                        reply_id,
-                        result,
-                    };
-                    if let Err(error) = send_frame(&*transport, &to, &frame) {
-                        reply_unsent(&counters, &to, &error);
-                    }
+                    send_reply(&send, &counters, &to, type_name, reply_id, result);
                 });
             }
         }
