@@ -395,6 +395,14 @@ struct ForgetReply<'a> {
     reply_id: u64,
 }
 
+impl ForgetReply<'_> {
+    /// The answer came: whoever sent it took the slot out of the map already (the router,
+    /// or a clean-up that dropped it), so there is nothing to forget.
+    fn answered(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for ForgetReply<'_> {
     fn drop(&mut self) {
         lock_waiting(self.waiting).remove(&self.reply_id);
@@ -661,8 +669,9 @@ impl<T: Transport> Sharding<T> {
             ))
         };
         let direct = &region.direct;
-        // A forwarded ask's reply slot is forgotten when the ask ends (`_forget` drops).
-        let (answer, _forget) = match Self::ask_direct(direct, entity_id, payload) {
+        // A forwarded ask's reply slot is forgotten when the ask ends without an answer
+        // (`forget` drops: a timeout, or the caller dropped this future).
+        let (answer, forget) = match Self::ask_direct(direct, entity_id, payload) {
             Direct::Local(answer) => {
                 ShardingCounters::incr(&self.counters.asks_direct);
                 return tokio::time::timeout_at(deadline, answer)
@@ -706,7 +715,11 @@ impl<T: Transport> Sharding<T> {
                 (answer, None)
             }
         };
-        match tokio::time::timeout_at(deadline, answer).await {
+        let answer = tokio::time::timeout_at(deadline, answer).await;
+        if let (Ok(_), Some(forget)) = (&answer, forget) {
+            forget.answered();
+        }
+        match answer {
             Ok(Ok(Answer::Ready(result))) => result,
             Ok(Ok(Answer::Pending(answer))) => tokio::time::timeout_at(deadline, answer)
                 .await
