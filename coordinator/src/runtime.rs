@@ -53,6 +53,12 @@ pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
 const INPUT_BATCH: usize = 64;
 /// A coordinator that cannot read its state tries again after this long.
 pub const LOAD_RETRY_INTERVAL: Duration = Duration::from_millis(500);
+/// The longest wait between two reads of a shard's remembered entities while the store does
+/// not answer: the reads go on for as long as the shard runs here.
+const REMEMBERED_READ_RETRY_MAX: Duration = Duration::from_secs(5);
+/// Failed reads of a shard's remembered entities after which a warning says they are still
+/// not running (about half a minute with the waits above).
+const REMEMBERED_READ_WARN_AFTER: u32 = 10;
 
 /// The singleton name of a type's coordinator.
 pub fn coordinator_singleton_name(type_name: &str) -> String {
@@ -537,6 +543,7 @@ impl<T: Transport> Sharding<T> {
                 transport: transport.clone(),
                 deadlines: VecDeque::new(),
                 shard_generations: HashMap::new(),
+                remembered_reads: HashMap::new(),
                 inputs: inputs_tx.clone(),
                 gauges: gauges_tx,
                 shutdown_waiters: Vec::new(),
@@ -1152,6 +1159,9 @@ struct RegionTask<T: Transport> {
     /// Bumped each time a local shard starts or stops: a read of remembered entities started
     /// for one incarnation of the shard is ignored by any other.
     shard_generations: HashMap<ShardId, u64>,
+    /// The read of remembered entities of each local shard that has not answered yet,
+    /// cancelled when the shard stops or starts again: it is retried until then.
+    remembered_reads: HashMap<ShardId, CancellationToken>,
     inputs: mpsc::Sender<RegionInput>,
     gauges: watch::Sender<RegionGauges>,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
@@ -1470,6 +1480,10 @@ impl<T: Transport> RegionTask<T> {
                 // Only for the incarnation of the shard that asked: one that stopped since (a
                 // handoff) must not bring its entities back here.
                 let current = self.shard_generations.get(&shard).copied().unwrap_or(0);
+                if current == generation {
+                    // Answered: nothing of this incarnation's read is left to cancel.
+                    self.remembered_reads.remove(&shard);
+                }
                 if current == generation
                     && self.region.is_active(shard)
                     && let Some(host) = &self.host
@@ -1677,9 +1691,11 @@ impl<T: Transport> RegionTask<T> {
         }
     }
 
-    /// Reads the shard's remembered entities (retried while the store is unavailable) and
-    /// hands them to the region task, which starts them if this incarnation of the shard
-    /// still runs.
+    /// Reads the shard's remembered entities and hands them to the region task, which starts
+    /// them if this incarnation of the shard still runs. A read the store does not answer is
+    /// retried (waiting longer each time, up to [`REMEMBERED_READ_RETRY_MAX`]) until it is
+    /// answered or the shard stops here: remembered entities must run again wherever their
+    /// shard lands, however long the store is away (a whole cluster restarting, say).
     fn start_remembered(&mut self, shard: ShardId) {
         let generation = {
             let g = self.shard_generations.entry(shard).or_default();
@@ -1692,11 +1708,20 @@ impl<T: Transport> RegionTask<T> {
         if self.host.is_none() {
             return;
         }
+        let cancelled = CancellationToken::new();
+        if let Some(earlier) = self.remembered_reads.insert(shard, cancelled.clone()) {
+            earlier.cancel();
+        }
         let inputs = self.inputs.clone();
         let type_name = self.type_name.clone();
         tokio::spawn(async move {
-            for attempt in 0..10u32 {
-                match store.entities(shard).await {
+            let mut failures = 0u32;
+            loop {
+                let read = tokio::select! {
+                    _ = cancelled.cancelled() => return,
+                    read = store.entities(shard) => read,
+                };
+                match read {
                     Ok(ids) => {
                         let _ = inputs
                             .send(RegionInput::Remembered {
@@ -1708,15 +1733,23 @@ impl<T: Transport> RegionTask<T> {
                         return;
                     }
                     Err(error) => {
-                        tracing::debug!(type_name, %shard, attempt, %error, "cannot read the shard's remembered entities");
-                        tokio::time::sleep(LOAD_RETRY_INTERVAL * (attempt + 1)).await;
+                        failures = failures.saturating_add(1);
+                        if failures == REMEMBERED_READ_WARN_AFTER {
+                            tracing::warn!(type_name, %shard, failures, %error, "the shard's remembered entities cannot be read yet; still trying");
+                        } else {
+                            tracing::debug!(type_name, %shard, failures, %error, "cannot read the shard's remembered entities");
+                        }
                     }
                 }
-                if inputs.is_closed() {
-                    return;
+                let wait = LOAD_RETRY_INTERVAL
+                    .saturating_mul(failures)
+                    .min(REMEMBERED_READ_RETRY_MAX);
+                tokio::select! {
+                    _ = cancelled.cancelled() => return,
+                    _ = inputs.closed() => return,
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
-            tracing::warn!(type_name, %shard, "the shard's remembered entities could not be read; they start on their next message");
         });
     }
 
@@ -1913,6 +1946,9 @@ impl<T: Transport> RegionTask<T> {
     /// earlier would let the coordinator start it elsewhere beside them.
     fn stop_shard(&mut self, shard: ShardId) {
         *self.shard_generations.entry(shard).or_default() += 1;
+        if let Some(read) = self.remembered_reads.remove(&shard) {
+            read.cancel();
+        }
         self.stops_began.insert(shard, clock_now());
         let inputs = self.inputs.clone();
         let Some(host) = self.host.clone() else {

@@ -48,10 +48,21 @@ struct MemoryRemember {
     /// How long a write takes before its changes are visible (and it answers): zero writes
     /// at once.
     write_delay: Mutex<Duration>,
+    /// Reads fail (the store is unavailable) until this moment.
+    reads_fail_until: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl RememberStore for MemoryRemember {
     fn entities(&self, shard: ShardId) -> BoxFuture<'static, Result<BTreeSet<String>, StoreError>> {
+        if self
+            .reads_fail_until
+            .lock()
+            .unwrap()
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+        {
+            let error = StoreError::Unavailable("no quorum".into());
+            return futures::future::ready(Err(error)).boxed();
+        }
         let ids = self
             .ids
             .lock()
@@ -420,6 +431,37 @@ async fn remembered_ids_that_are_not_entity_ids_are_not_started_or_counted() {
     for id in &invalid {
         assert!(!running.contains_key(id), "{id:?} was offered to the host");
     }
+    assert_eq!(
+        nodes[0].sharding.counters().snapshot().remembered_started,
+        ids.len() as u64
+    );
+}
+
+/// Remembered entities run again once their store answers, however long it was away: the
+/// read of each shard's ids is retried for as long as the shard runs here (two minutes here,
+/// several times what ten retries would last).
+#[tokio::test(start_paused = true)]
+async fn remembered_entities_start_once_a_long_unavailable_store_answers() {
+    let ids: Vec<String> = (0..10).map(|e| format!("u{e}")).collect();
+    let remembered = remembering(&ids);
+    let unavailable_for = Duration::from_secs(120);
+    *remembered.reads_fail_until.lock().unwrap() =
+        Some(tokio::time::Instant::now() + unavailable_for);
+    let world = Arc::new(World {
+        remembered: Some(remembered),
+        ..World::default()
+    });
+    let store = Arc::new(MemoryStore::default());
+    let (_network, nodes) = cluster(1, &world, &store).await;
+    wait_until(
+        "every remembered entity running",
+        unavailable_for + Duration::from_secs(60),
+        || {
+            let running = world.running.lock().unwrap();
+            ids.iter().all(|id| running.contains_key(id))
+        },
+    )
+    .await;
     assert_eq!(
         nodes[0].sharding.counters().snapshot().remembered_started,
         ids.len() as u64
