@@ -352,15 +352,17 @@ pub enum ShardingCommand {
 const REMOVE_INTERNAL_DATA_AFTER_HELP: &str = "Removes, for each TYPE, the events and \
 snapshots of the coordinator's log sharding-coordinator|TYPE (its shard homes) from \
 DIR/journal and DIR/snapshots, leaving \
-the log empty (an empty-state snapshot at its highest sequence number), and prints what was \
-removed per type. The node must be stopped: the command refuses while a node holds the stores. \
-Remember-entities data (logs sharding-shard|TYPE|<shard>, durable keys shard-TYPE-*) is not \
-removed.
+the log empty (an empty-state snapshot at its highest sequence number), and its \
+remember-entities data: the events of its shard logs sharding-shard|TYPE|<shard> \
+(remember_entities = eventsourced) and its durable Distributed Data keys shard-TYPE-<shard> \
+and shard-TYPE-all in DIR/ddata (either mode). It prints what was removed per type. The node \
+must be stopped: the command refuses while a node holds the stores.
 
 With state_store_mode = ddata (the default) the coordinator's state is kept in Distributed \
 Data, not on disk: there is nothing to remove (it is gone once the whole cluster is stopped).
 
-In a replicated cluster every node holds a replica of the log: stop the cluster and run the \
+In a replicated cluster every node holds a replica of the logs and a copy of the durable \
+keys: stop the cluster and run the \
 command on every node's data dir before starting it again.";
 
 /// Flags of `tessera sharding remove-internal-data`.

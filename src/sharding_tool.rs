@@ -1,7 +1,16 @@
 //! `tessera sharding remove-internal-data` (Akka's RemoveInternalClusterShardingData): removes
 //! what cluster sharding stored about entity types in a stopped node's data directory, so
-//! that the cluster starts those types afresh (their shard homes gone). Remember-entities data
-//! (`sharding-shard|<type>|<shard>` logs, `shard-<type>-*` keys) is not removed yet.
+//! that the cluster starts those types afresh (their shard homes and remembered entities
+//! gone).
+//!
+//! Remember-entities data is removed in both of its stores: the journal logs
+//! `sharding-shard|<type>|<shard>` (`remember_entities = eventsourced`, emptied like the
+//! coordinator's log below, with no snapshot needed: the remember store replays a log from
+//! its first event, skipping deleted ones) and the durable Distributed Data keys
+//! `shard-<type>-<shard>` and `shard-<type>-all` in `<data_dir>/ddata` (the registry of
+//! shards with remembered entities, written in both modes). A durable key is forgotten
+//! outright, without a tombstone: every node's copy must go, so the command runs on every
+//! node's data directory of the stopped cluster.
 //!
 //! With `state_store_mode = persistence` the coordinator of a type keeps its state as the
 //! events and snapshots of the log `sharding-coordinator|<type>` in the node's journal
@@ -21,10 +30,17 @@
 //! coordinator started later reads an empty state and writes after it.
 
 use bytes::Bytes;
+use futures::StreamExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
+use tessera_coordinator::remember::{
+    REMEMBERED_LOG_PREFIX, is_remember_key_of, remembered_log_shard,
+};
 use tessera_coordinator::store::persistence_id;
-use tessera_journal::{FsyncPolicy, Journal, JournalConfig, Manifest, RocksJournal, StoredEvent};
+use tessera_ddata::durable::DurableStore;
+use tessera_journal::{
+    FsyncPolicy, Journal, JournalConfig, Manifest, QueryMode, RocksJournal, StoredEvent,
+};
 use tessera_replication::{LogSummary, Request, Response};
 use tessera_snapshot::{
     RocksSnapshotStore, SnapshotConfig, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore,
@@ -43,8 +59,8 @@ pub enum RemoveError {
     #[error("{dir} is not a directory")]
     NoDirectory { dir: PathBuf },
     #[error(
-        "{dir} holds neither a journal nor a snapshot store (no journal/ or snapshots/ in it); \
-         is it a tessera node's data directory?"
+        "{dir} holds no journal, snapshot store or Distributed Data store (no journal/, \
+         snapshots/ or ddata/ in it); is it a tessera node's data directory?"
     )]
     NoStores { dir: PathBuf },
     #[error("cannot open the {what} in {path}: {detail}")]
@@ -63,6 +79,10 @@ pub enum RemoveError {
         persistence_id: String,
         detail: String,
     },
+    #[error("listing the logs of the journal in {path}: {detail}")]
+    ListLogs { path: PathBuf, detail: String },
+    #[error("removing the durable Distributed Data keys of {type_name}: {detail}")]
+    DurableKeys { type_name: String, detail: String },
 }
 
 /// What was removed of one log.
@@ -82,11 +102,23 @@ impl LogRemoval {
     }
 }
 
-/// What was removed for one entity type: its coordinator's log.
+/// What was removed of one type's remembered entities.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RememberRemoval {
+    /// Shard logs (`eventsourced`) that held events.
+    pub logs: usize,
+    /// Events deleted from them.
+    pub events: u64,
+    /// Durable Distributed Data keys removed (shards' sets and the registry of shards).
+    pub durable_keys: usize,
+}
+
+/// What was removed for one entity type: its coordinator's log and its remembered entities.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeRemoval {
     pub type_name: String,
     pub coordinator: LogRemoval,
+    pub remembered: RememberRemoval,
 }
 
 impl TypeRemoval {
@@ -94,17 +126,32 @@ impl TypeRemoval {
     pub fn describe(&self) -> String {
         let pid = persistence_id(&self.type_name);
         let removed = &self.coordinator;
-        if removed.is_empty() {
+        let coordinator = if removed.is_empty() {
+            format!("no events or snapshots of {pid}")
+        } else {
+            format!(
+                "removed {} event(s) and {} snapshot(s) of {pid}; it now reads as empty \
+                 (an empty-state snapshot at its highest sequence number {})",
+                removed.events, removed.snapshots, removed.highest_sequence_nr
+            )
+        };
+        let remembered = &self.remembered;
+        let remembered = if *remembered == RememberRemoval::default() {
+            "no remembered entities".to_string()
+        } else {
+            format!(
+                "remembered entities: {} event(s) of {} shard log(s) and {} durable \
+                 Distributed Data key(s) removed",
+                remembered.events, remembered.logs, remembered.durable_keys
+            )
+        };
+        if removed.is_empty() && self.remembered == RememberRemoval::default() {
             return format!(
-                "{}: nothing stored (no events or snapshots of {pid})",
+                "{}: nothing stored ({coordinator}, {remembered})",
                 self.type_name
             );
         }
-        format!(
-            "{}: removed {} event(s) and {} snapshot(s) of {pid}; it now reads as empty \
-             (an empty-state snapshot at its highest sequence number {})",
-            self.type_name, removed.events, removed.snapshots, removed.highest_sequence_nr
-        )
+        format!("{}: {coordinator}; {remembered}", self.type_name)
     }
 }
 
@@ -141,7 +188,8 @@ pub async fn remove_internal_data(
     }
     let journal_path = data_dir.join("journal");
     let snapshots_path = data_dir.join("snapshots");
-    if !journal_path.is_dir() && !snapshots_path.is_dir() {
+    let ddata_path = data_dir.join("ddata");
+    if !journal_path.is_dir() && !snapshots_path.is_dir() && !ddata_path.is_dir() {
         return Err(RemoveError::NoStores {
             dir: data_dir.to_path_buf(),
         });
@@ -156,54 +204,151 @@ pub async fn remove_internal_data(
     } else {
         None
     };
-    let snapshots = if snapshots_path.is_dir() {
-        match RocksSnapshotStore::open(SnapshotConfig::new(&snapshots_path)).await {
-            Ok(store) => Some(store),
-            Err(e) => {
-                if let Some(journal) = journal {
-                    journal.close().await;
-                }
-                return Err(open_error(
-                    data_dir,
-                    "snapshot store",
-                    snapshots_path,
-                    e.to_string(),
-                ));
+    let opened = open_other_stores(data_dir, &snapshots_path, &ddata_path).await;
+    let (snapshots, durable) = match opened {
+        Ok(stores) => stores,
+        Err(e) => {
+            if let Some(journal) = journal {
+                journal.close().await;
             }
+            return Err(e);
         }
-    } else {
-        None
+    };
+    let stores = Stores {
+        journal: journal.as_ref(),
+        snapshots: snapshots.as_ref(),
+        durable: durable.as_ref(),
     };
     let mut removals = Vec::with_capacity(type_names.len());
-    let mut result = Ok(());
-    for type_name in type_names {
-        match remove_type(journal.as_ref(), snapshots.as_ref(), type_name).await {
-            Ok(removal) => {
-                report(&removal);
-                removals.push(removal);
-            }
-            Err(e) => {
-                result = Err(e);
-                break;
+    let mut result = match stores.journal {
+        Some(journal) => list_logs(journal, &journal_path).await,
+        None => Ok(Vec::new()),
+    };
+    if let Ok(logs) = &result {
+        for type_name in type_names {
+            match remove_type(&stores, logs, type_name).await {
+                Ok(removal) => {
+                    report(&removal);
+                    removals.push(removal);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
         }
     }
+    drop(durable);
     if let Some(journal) = journal {
         journal.close().await;
     }
     drop(snapshots);
-    result.map(|()| removals)
+    result.map(|_| removals)
 }
 
-/// Removes the coordinator log of `type_name` from open stores (either may be absent).
+/// Opens the snapshot store and the Distributed Data store of `data_dir`, those that exist.
+async fn open_other_stores(
+    data_dir: &Path,
+    snapshots_path: &Path,
+    ddata_path: &Path,
+) -> Result<(Option<RocksSnapshotStore>, Option<DurableStore>), RemoveError> {
+    let snapshots = if snapshots_path.is_dir() {
+        let opened = RocksSnapshotStore::open(SnapshotConfig::new(snapshots_path)).await;
+        let store = opened.map_err(|e| {
+            open_error(
+                data_dir,
+                "snapshot store",
+                snapshots_path.to_path_buf(),
+                e.to_string(),
+            )
+        })?;
+        Some(store)
+    } else {
+        None
+    };
+    let durable = if ddata_path.is_dir() {
+        let store = DurableStore::open(ddata_path).map_err(|e| {
+            open_error(
+                data_dir,
+                "Distributed Data store",
+                ddata_path.to_path_buf(),
+                e.to_string(),
+            )
+        })?;
+        Some(store)
+    } else {
+        None
+    };
+    Ok((snapshots, durable))
+}
+
+/// The open stores of a stopped node (each may be absent).
+#[derive(Clone, Copy)]
+pub struct Stores<'a> {
+    pub journal: Option<&'a RocksJournal>,
+    pub snapshots: Option<&'a RocksSnapshotStore>,
+    pub durable: Option<&'a DurableStore>,
+}
+
+/// The remember-entities logs the journal holds (of any type; the entities' own logs, which
+/// may be many more, are not kept).
+async fn list_logs(journal: &RocksJournal, path: &Path) -> Result<Vec<String>, RemoveError> {
+    let mut ids = journal.persistence_ids(QueryMode::Current);
+    let mut logs = Vec::new();
+    while let Some(id) = ids.next().await {
+        let id = id.map_err(|e| RemoveError::ListLogs {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        if id.starts_with(REMEMBERED_LOG_PREFIX) {
+            logs.push(id);
+        }
+    }
+    Ok(logs)
+}
+
+/// Removes the coordinator log and the remembered entities of `type_name` from open stores;
+/// `logs`: the journal's remember-entities logs (others are ignored).
 pub async fn remove_type(
-    journal: Option<&RocksJournal>,
-    snapshots: Option<&RocksSnapshotStore>,
+    stores: &Stores<'_>,
+    logs: &[String],
     type_name: &str,
 ) -> Result<TypeRemoval, RemoveError> {
+    let coordinator =
+        remove_log(stores.journal, stores.snapshots, &persistence_id(type_name)).await?;
+    let mut remembered = RememberRemoval::default();
+    if let Some(journal) = stores.journal {
+        for pid in logs
+            .iter()
+            .filter(|pid| remembered_log_shard(type_name, pid).is_some())
+        {
+            let (events, _) = remove_events(journal, pid).await?;
+            if events > 0 {
+                remembered.logs += 1;
+                remembered.events += events;
+            }
+        }
+    }
+    if let Some(durable) = stores.durable {
+        let failed = |e: tessera_ddata::durable::DurableStoreError| RemoveError::DurableKeys {
+            type_name: type_name.to_string(),
+            detail: e.to_string(),
+        };
+        let keys: Vec<String> = durable
+            .keys()
+            .map_err(failed)?
+            .into_iter()
+            .filter(|key| is_remember_key_of(type_name, key))
+            .collect();
+        if !keys.is_empty() {
+            durable.remove(&keys).map_err(failed)?;
+        }
+        remembered.durable_keys = keys.len();
+    }
     Ok(TypeRemoval {
         type_name: type_name.to_string(),
-        coordinator: remove_log(journal, snapshots, &persistence_id(type_name)).await?,
+        coordinator,
+        remembered,
     })
 }
 
@@ -405,6 +550,7 @@ mod tests {
     use std::sync::Arc;
     use tessera_cluster::{Address, UniqueAddress};
     use tessera_coordinator::ShardId;
+    use tessera_coordinator::remember::{registry_key, shard_key, shard_persistence_id};
     use tessera_coordinator::state::{CoordinatorState, StateEvent};
     use tessera_coordinator::store::{CoordinatorStore, JournalStore, SNAPSHOT_EVERY_EVENTS};
     use tessera_journal::{AtomicWrite, Manifest, NewEvent};
@@ -518,7 +664,11 @@ mod tests {
 
         let (journal, snapshots) = open(dir.path()).await;
         assert_eq!(replayed(&journal, &pid).await, 0);
-        assert_eq!(replayed(&journal, "sharding-shard|account|17").await, 1);
+        assert_eq!(
+            replayed(&journal, "sharding-shard|account|17").await,
+            0,
+            "remembered entities go too"
+        );
         assert_eq!(replayed(&journal, "account|alice").await, 1, "untouched");
         let left = snapshots
             .load(&pid, SnapshotSelectionCriteria::latest())
@@ -592,7 +742,12 @@ mod tests {
         };
         let answer = journal.replica_apply(&pid, write).await.expect("append");
         assert_eq!(answer.kind(), "Appended");
-        let removal = remove_type(Some(&*journal), Some(&*snapshots), "account")
+        let stores = Stores {
+            journal: Some(&*journal),
+            snapshots: Some(&*snapshots),
+            durable: None,
+        };
+        let removal = remove_type(&stores, std::slice::from_ref(&pid), "account")
             .await
             .expect("removal");
         assert_eq!(removal.coordinator.events, 3);
@@ -623,6 +778,125 @@ mod tests {
         let answer = journal.replica_apply(&pid, next).await.expect("append");
         assert_eq!(answer.kind(), "Appended");
         close(journal, snapshots).await;
+    }
+
+    /// Remembered entities go in both stores: the type's shard logs (written by this journal
+    /// alone or through replication) are emptied and read as empty by the remember store's
+    /// replay, its durable Distributed Data keys are forgotten; another type's stay.
+    #[tokio::test]
+    async fn removal_forgets_the_types_remembered_entities_in_both_stores() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, snapshots) = open(dir.path()).await;
+        let local_log = shard_persistence_id("account", ShardId(17));
+        append(&journal, &local_log, 1).await;
+        append(&journal, &local_log, 2).await;
+        let other_type_log = shard_persistence_id("account-v2", ShardId(17));
+        append(&journal, &other_type_log, 1).await;
+        let replicated_log = shard_persistence_id("account", ShardId(3));
+        let epoch = Epoch {
+            counter: 1,
+            writer: 4,
+        };
+        let config = Configuration::new(
+            1,
+            vec![ReplicaId::new(
+                Address::new("127.0.0.1", 25520),
+                journal.storage_id(),
+            )],
+        );
+        let prepare = Request::Prepare { epoch };
+        journal
+            .replica_apply(&replicated_log, prepare)
+            .await
+            .expect("prepare");
+        let write = Request::Append {
+            epoch,
+            prev: Position::START,
+            entries: (1..=3)
+                .map(|seq| Entry {
+                    seq,
+                    epoch,
+                    payload: StoredEvent {
+                        timestamp_ms: 1,
+                        writer_id: "sharding-shard".into(),
+                        manifest: "test".into(),
+                        manifest_version: 1,
+                        payload: Bytes::from_static(b"event"),
+                        tags: Vec::new(),
+                    },
+                })
+                .collect(),
+            lac: 2,
+            config: Some(config),
+        };
+        let answer = journal
+            .replica_apply(&replicated_log, write)
+            .await
+            .expect("append");
+        assert_eq!(answer.kind(), "Appended");
+        close(journal, snapshots).await;
+        let durable = DurableStore::open(&dir.path().join("ddata")).expect("ddata store");
+        let set = |n| {
+            let mut set = tessera_ddata::GSet::new();
+            set.add(format!("e{n}"));
+            tessera_ddata::DataEnvelope::new(set.into())
+        };
+        let keys = [
+            registry_key("account"),
+            shard_key("account", ShardId(17)),
+            shard_key("account", ShardId(3)),
+            registry_key("account-v2"),
+            shard_key("account-v2", ShardId(17)),
+            "counter".to_string(),
+        ];
+        let entries: Vec<_> = keys.iter().map(|k| (k.clone(), set(1))).collect();
+        durable.store(&entries).expect("store");
+        drop(durable);
+
+        let mut reported = Vec::new();
+        let removed = remove_internal_data(dir.path(), &types(&["account"]), |r| {
+            reported.push(r.describe())
+        })
+        .await
+        .expect("removal");
+        assert_eq!(
+            removed[0].remembered,
+            RememberRemoval {
+                logs: 2,
+                events: 5,
+                durable_keys: 3
+            }
+        );
+        assert!(
+            reported[0].contains(
+                "remembered entities: 5 event(s) of 2 shard log(s) and 3 durable Distributed \
+                 Data key(s) removed"
+            ),
+            "{}",
+            reported[0]
+        );
+
+        let durable = DurableStore::open(&dir.path().join("ddata")).expect("ddata store");
+        assert_eq!(
+            durable.keys().expect("keys"),
+            ["counter", "shard-account-v2-17", "shard-account-v2-all"]
+        );
+        drop(durable);
+        let (journal, snapshots) = open(dir.path()).await;
+        assert_eq!(replayed(&journal, &local_log).await, 0);
+        assert_eq!(replayed(&journal, &replicated_log).await, 0);
+        assert_eq!(replayed(&journal, &other_type_log).await, 1, "untouched");
+        // Each log keeps its highest sequence number: the shard's next owner writes after it.
+        assert_eq!(journal.highest_sequence_nr(&local_log).await.unwrap(), 2);
+        append(&journal, &local_log, 3).await;
+        assert_eq!(replayed(&journal, &local_log).await, 1);
+        close(journal, snapshots).await;
+
+        let again = remove_internal_data(dir.path(), &types(&["account"]), |_| {})
+            .await
+            .expect("second removal");
+        assert_eq!(again[0].remembered.logs, 1, "the event written since");
+        assert_eq!(again[0].remembered.durable_keys, 0);
     }
 
     #[tokio::test]

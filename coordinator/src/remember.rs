@@ -81,6 +81,42 @@ fn update_result(key: &str, result: UpdateResult) -> Result<(), StoreError> {
     }
 }
 
+/// The Distributed Data key of the shards of `type_name` that have remembered entities.
+pub fn registry_key(type_name: &str) -> String {
+    format!("shard-{type_name}-all")
+}
+
+/// The Distributed Data key of a shard's remembered entities (`ddata` mode).
+pub fn shard_key(type_name: &str, shard: ShardId) -> String {
+    format!("shard-{type_name}-{shard}")
+}
+
+/// Whether `key` is one of `type_name`'s remember-entities keys (its registry or a shard's
+/// set) and not another type's: `shard-a-all` is type `a`'s registry, `shard-a-all-3` is
+/// shard 3 of type `a-all`.
+pub fn is_remember_key_of(type_name: &str, key: &str) -> bool {
+    key == registry_key(type_name)
+        || key
+            .strip_prefix("shard-")
+            .and_then(|rest| rest.strip_prefix(type_name))
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|shard| shard.parse::<u32>().ok())
+            .is_some_and(|shard| key == shard_key(type_name, ShardId(shard)))
+}
+
+/// The shard of `persistence_id` when it is one of `type_name`'s remember-entities logs
+/// (`eventsourced` mode).
+pub fn remembered_log_shard(type_name: &str, persistence_id: &str) -> Option<ShardId> {
+    let shard = persistence_id
+        .strip_prefix(REMEMBERED_LOG_PREFIX)?
+        .strip_prefix(type_name)?
+        .strip_prefix('|')?
+        .parse::<u32>()
+        .ok()
+        .map(ShardId)?;
+    (shard_persistence_id(type_name, shard) == persistence_id).then_some(shard)
+}
+
 /// The registry of shards with remembered entities, in Distributed Data (both modes).
 #[derive(Clone)]
 struct ShardRegistry {
@@ -94,7 +130,7 @@ impl ShardRegistry {
     fn new(replicator: ReplicatorHandle, type_name: &str) -> Self {
         ShardRegistry {
             replicator,
-            key: format!("shard-{type_name}-all"),
+            key: registry_key(type_name),
             known: Arc::default(),
         }
     }
@@ -179,7 +215,7 @@ impl DdataRememberStore {
     }
 
     fn key(&self, shard: ShardId) -> String {
-        format!("shard-{}-{shard}", self.type_name)
+        shard_key(&self.type_name, shard)
     }
 }
 
@@ -260,9 +296,12 @@ pub(crate) enum RememberEvent {
 
 const REMEMBER_MANIFEST: &str = "sharding.RememberedEntities";
 
+/// What the persistence id of every shard's remember-entities log starts with.
+pub const REMEMBERED_LOG_PREFIX: &str = "sharding-shard|";
+
 /// The persistence id of a shard's remembered entities.
 pub fn shard_persistence_id(type_name: &str, shard: ShardId) -> String {
-    format!("sharding-shard|{type_name}|{shard}")
+    format!("{REMEMBERED_LOG_PREFIX}{type_name}|{shard}")
 }
 
 /// Remembered entities as events in each shard's journal log (written by the shard's owner
@@ -408,5 +447,36 @@ impl RememberStore for JournalRememberStore {
     fn shards(&self) -> BoxFuture<'static, Result<BTreeSet<ShardId>, StoreError>> {
         let registry = self.registry.clone();
         Box::pin(async move { registry.shards().await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remember_keys_and_logs_are_matched_to_their_own_type_only() {
+        assert!(is_remember_key_of("a", "shard-a-all"));
+        assert!(is_remember_key_of("a", "shard-a-17"));
+        assert!(
+            !is_remember_key_of("a", "shard-a-all-3"),
+            "type a-all's shard 3"
+        );
+        assert!(is_remember_key_of("a-all", "shard-a-all-3"));
+        assert!(!is_remember_key_of("a", "shard-a-v2-17"), "type a-v2's");
+        assert!(
+            !is_remember_key_of("a", "shard-a-017"),
+            "not a key this release writes"
+        );
+        assert!(!is_remember_key_of("a", "shard-ab-1"));
+        assert!(!is_remember_key_of("a", "counter"));
+        assert_eq!(
+            remembered_log_shard("a", "sharding-shard|a|17"),
+            Some(ShardId(17))
+        );
+        assert_eq!(remembered_log_shard("a", "sharding-shard|a|b|17"), None);
+        assert_eq!(remembered_log_shard("a", "sharding-shard|ab|17"), None);
+        assert_eq!(remembered_log_shard("a", "sharding-shard|a|x"), None);
+        assert_eq!(remembered_log_shard("a", "sharding-coordinator|a"), None);
     }
 }

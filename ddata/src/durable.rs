@@ -135,6 +135,39 @@ impl DurableStore {
         Ok(entries)
     }
 
+    /// The names of every stored key, without reading their values (a damaged record does
+    /// not hide its key).
+    pub fn keys(&self) -> Result<Vec<String>, DurableStoreError> {
+        let mut keys = Vec::new();
+        for item in self
+            .db
+            .iterator_cf(self.cf(CF_DATA)?, rocksdb::IteratorMode::Start)
+        {
+            let (key, _) = item.map_err(|e| DurableStoreError::Storage {
+                path: self.path.clone(),
+                detail: e.to_string(),
+            })?;
+            keys.push(String::from_utf8_lossy(&key).into_owned());
+        }
+        Ok(keys)
+    }
+
+    /// Removes the keys in one batch, fsynced like [`DurableStore::store`]. This forgets them
+    /// outright (no tombstone): it is for a stopped node's store, cleared on every node.
+    pub fn remove(&self, keys: &[String]) -> Result<(), DurableStoreError> {
+        let cf = self.cf(CF_DATA)?;
+        let mut batch = WriteBatch::default();
+        for key in keys {
+            batch.delete_cf(cf, key.as_bytes());
+        }
+        self.db
+            .write_opt(batch, &self.sync)
+            .map_err(|e| DurableStoreError::Storage {
+                path: self.path.clone(),
+                detail: e.to_string(),
+            })
+    }
+
     /// Writes the entries in one batch, fsynced (unless opened with `FsyncPolicy::Never`).
     pub fn store(&self, entries: &[(String, DataEnvelope)]) -> Result<(), DurableStoreError> {
         let cf = self.cf(CF_DATA)?;
@@ -184,6 +217,29 @@ mod tests {
         let mut c = PNCounter::new();
         c.increment(&UniqueAddress::new(Address::new("h", 1), 1), n);
         DataEnvelope::new(c.into())
+    }
+
+    #[test]
+    fn removed_keys_are_gone_after_reopening_and_the_others_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DurableStore::open(dir.path()).unwrap();
+        store
+            .store(&[
+                ("a".into(), envelope(1)),
+                ("b".into(), envelope(2)),
+                ("c".into(), DataEnvelope::deleted()),
+            ])
+            .unwrap();
+        assert_eq!(store.keys().unwrap(), ["a", "b", "c"]);
+        store
+            .remove(&["a".into(), "c".into(), "absent".into()])
+            .unwrap();
+        drop(store);
+        let store = DurableStore::open(dir.path()).unwrap();
+        assert_eq!(store.keys().unwrap(), ["b"]);
+        let loaded = store.load_all().unwrap();
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].1, envelope(2));
     }
 
     #[test]
