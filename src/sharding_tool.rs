@@ -50,8 +50,9 @@ use tessera_snapshot::{
 /// per 1,000 events; the count is only reported).
 const MAX_SNAPSHOTS_COUNTED: usize = 100_000;
 
-/// Why the removal did not happen (or stopped part-way: what was reported before stays
-/// removed).
+/// Why the removal did not happen, or stopped part-way: what was reported before stays
+/// removed, and so may part of the type that failed (its coordinator log, some of its shard
+/// logs). Every step is idempotent: running the command again finishes the removal.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoveError {
     #[error("the node using {dir} is running; stop it first ({detail})")]
@@ -781,8 +782,9 @@ mod tests {
     }
 
     /// Remembered entities go in both stores: the type's shard logs (written by this journal
-    /// alone or through replication) are emptied and read as empty by the remember store's
-    /// replay, its durable Distributed Data keys are forgotten; another type's stay.
+    /// alone or through replication) are emptied (a replay from the first event reads nothing,
+    /// as the remember store's does), its durable Distributed Data keys are forgotten; another
+    /// type's stay.
     #[tokio::test]
     async fn removal_forgets_the_types_remembered_entities_in_both_stores() {
         let dir = tempfile::tempdir().expect("tempdir");

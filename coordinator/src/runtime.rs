@@ -1692,10 +1692,12 @@ impl<T: Transport> RegionTask<T> {
     }
 
     /// Reads the shard's remembered entities and hands them to the region task, which starts
-    /// them if this incarnation of the shard still runs. A read the store does not answer is
-    /// retried (waiting longer each time, up to [`REMEMBERED_READ_RETRY_MAX`]) until it is
-    /// answered or the shard stops here: remembered entities must run again wherever their
-    /// shard lands, however long the store is away (a whole cluster restarting, say).
+    /// them if this incarnation of the shard still runs. A read the store cannot answer now
+    /// ([`StoreError::Unavailable`]) is retried (waiting longer each time, up to
+    /// [`REMEMBERED_READ_RETRY_MAX`]) until it is answered or the shard stops here:
+    /// remembered entities must run again wherever their shard lands, however long the store
+    /// is away (a whole cluster restarting, say). One it refuses for good
+    /// ([`StoreError::Fatal`]) is given up with a warning.
     fn start_remembered(&mut self, shard: ShardId) {
         let generation = {
             let g = self.shard_generations.entry(shard).or_default();
@@ -1719,6 +1721,7 @@ impl<T: Transport> RegionTask<T> {
             loop {
                 let read = tokio::select! {
                     _ = cancelled.cancelled() => return,
+                    _ = inputs.closed() => return,
                     read = store.entities(shard) => read,
                 };
                 match read {
@@ -1730,6 +1733,12 @@ impl<T: Transport> RegionTask<T> {
                                 ids,
                             })
                             .await;
+                        return;
+                    }
+                    Err(error @ StoreError::Fatal(_)) => {
+                        // Never readable as it is (a damaged log, a key of another type, a
+                        // newer owner of the log): reading again would not help.
+                        tracing::warn!(type_name, %shard, %error, "the shard's remembered entities cannot be read; they start on their next message");
                         return;
                     }
                     Err(error) => {
