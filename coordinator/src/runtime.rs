@@ -20,7 +20,7 @@ use crate::wire::{self, RegionSnapshot, RemoteAsk, ShardingFrame};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -544,6 +544,8 @@ impl<T: Transport> Sharding<T> {
                 deadlines: VecDeque::new(),
                 shard_generations: HashMap::new(),
                 remembered_reads: HashMap::new(),
+                remembered_offered: HashMap::new(),
+                passivated_during_read: HashMap::new(),
                 inputs: inputs_tx.clone(),
                 gauges: gauges_tx,
                 shutdown_waiters: Vec::new(),
@@ -1162,6 +1164,14 @@ struct RegionTask<T: Transport> {
     /// The read of remembered entities of each local shard that has not answered yet,
     /// cancelled when the shard stops or starts again: it is retried until then.
     remembered_reads: HashMap<ShardId, CancellationToken>,
+    /// Ids of each local shard offered to the host from its remembered entities, not yet
+    /// started or passivated since: their start is in the store already, so the host's note
+    /// of it is not written again (a shard that moves does not rewrite every id it holds).
+    remembered_offered: HashMap<ShardId, HashSet<String>>,
+    /// Entities of each shard whose read of remembered entities is in flight that passivated
+    /// meanwhile: the read may have been answered before their stop was stored, and must not
+    /// bring them back.
+    passivated_during_read: HashMap<ShardId, HashSet<String>>,
     inputs: mpsc::Sender<RegionInput>,
     gauges: watch::Sender<RegionGauges>,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
@@ -1480,9 +1490,14 @@ impl<T: Transport> RegionTask<T> {
                 // Only for the incarnation of the shard that asked: one that stopped since (a
                 // handoff) must not bring its entities back here.
                 let current = self.shard_generations.get(&shard).copied().unwrap_or(0);
+                let mut passivated = HashSet::new();
                 if current == generation {
                     // Answered: nothing of this incarnation's read is left to cancel.
                     self.remembered_reads.remove(&shard);
+                    passivated = self
+                        .passivated_during_read
+                        .remove(&shard)
+                        .unwrap_or_default();
                 }
                 if current == generation
                     && self.region.is_active(shard)
@@ -1491,8 +1506,10 @@ impl<T: Transport> RegionTask<T> {
                 {
                     // Only valid ids are offered (and counted as started): any other came
                     // from a damaged or foreign remember store, and the host would drop it.
-                    let (ids, invalid): (Vec<String>, Vec<String>) =
-                        ids.into_iter().partition(|id| EntityId::new(id).is_ok());
+                    let (ids, invalid): (Vec<String>, Vec<String>) = ids
+                        .into_iter()
+                        .filter(|id| !passivated.contains(id))
+                        .partition(|id| EntityId::new(id).is_ok());
                     if let Some(first) = invalid.first() {
                         tracing::warn!(
                             type_name = %self.type_name,
@@ -1503,6 +1520,10 @@ impl<T: Transport> RegionTask<T> {
                         );
                     }
                     let offered = ids.len();
+                    self.remembered_offered
+                        .entry(shard)
+                        .or_default()
+                        .extend(ids.iter().cloned());
                     let skipped = host.start_entities(ids);
                     self.counters.remembered_started.fetch_add(
                         offered.saturating_sub(skipped.len()) as u64,
@@ -1572,10 +1593,22 @@ impl<T: Transport> RegionTask<T> {
         let Ok(entity) = EntityId::new(&id) else {
             return;
         };
-        let changes = self
-            .remember_pending
-            .entry(shard_of(&entity, self.number_of_shards))
-            .or_default();
+        let shard = shard_of(&entity, self.number_of_shards);
+        let offered = self
+            .remembered_offered
+            .get_mut(&shard)
+            .is_some_and(|ids| ids.remove(&id));
+        if started && offered {
+            // Started from the store, which holds it already.
+            return;
+        }
+        if !started && self.remembered_reads.contains_key(&shard) {
+            self.passivated_during_read
+                .entry(shard)
+                .or_default()
+                .insert(id.clone());
+        }
+        let changes = self.remember_pending.entry(shard).or_default();
         if started {
             changes.start(id);
         } else {
@@ -1714,6 +1747,7 @@ impl<T: Transport> RegionTask<T> {
         if let Some(earlier) = self.remembered_reads.insert(shard, cancelled.clone()) {
             earlier.cancel();
         }
+        self.passivated_during_read.remove(&shard);
         let inputs = self.inputs.clone();
         let type_name = self.type_name.clone();
         tokio::spawn(async move {
@@ -1958,6 +1992,8 @@ impl<T: Transport> RegionTask<T> {
         if let Some(read) = self.remembered_reads.remove(&shard) {
             read.cancel();
         }
+        self.remembered_offered.remove(&shard);
+        self.passivated_during_read.remove(&shard);
         self.stops_began.insert(shard, clock_now());
         let inputs = self.inputs.clone();
         let Some(host) = self.host.clone() else {

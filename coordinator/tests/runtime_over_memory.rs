@@ -50,6 +50,8 @@ struct MemoryRemember {
     write_delay: Mutex<Duration>,
     /// Reads fail (the store is unavailable) until this moment.
     reads_fail_until: Mutex<Option<tokio::time::Instant>>,
+    /// Updates asked of the store, with the ids each started.
+    updates: Mutex<Vec<Vec<String>>>,
 }
 
 impl RememberStore for MemoryRemember {
@@ -79,6 +81,7 @@ impl RememberStore for MemoryRemember {
         started: Vec<String>,
         stopped: Vec<String>,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.updates.lock().unwrap().push(started.clone());
         let apply = {
             let all = self.ids.clone();
             move || {
@@ -123,6 +126,20 @@ impl ShardHost for CounterHost {
         entity_id: &str,
         payload: Vec<u8>,
     ) -> BoxFuture<'static, Result<Vec<u8>, AskFailure>> {
+        if payload == b"passivate" {
+            // The entity stops itself: its region forgets it when it is remembered.
+            if self.live.lock().unwrap().remove(entity_id) {
+                if let Some(nodes) = self.world.running.lock().unwrap().get_mut(entity_id) {
+                    nodes.remove(&self.node);
+                }
+                if let Some(notes) = &self.notes {
+                    notes
+                        .try_send(EntityNote::Passivated(entity_id.to_string()))
+                        .expect("room for the note");
+                }
+            }
+            return futures::future::ready(Ok(b"passivated".to_vec())).boxed();
+        }
         let newly = self.live.lock().unwrap().insert(entity_id.to_string());
         if newly {
             let mut running = self.world.running.lock().unwrap();
@@ -465,6 +482,95 @@ async fn remembered_entities_start_once_a_long_unavailable_store_answers() {
     assert_eq!(
         nodes[0].sharding.counters().snapshot().remembered_started,
         ids.len() as u64
+    );
+}
+
+/// Entities a shard starts from its remembered entities are in the store already: their
+/// starts are not written again (a shard that lands on a node rewrites none of its ids), while
+/// an entity started by a message is written.
+#[tokio::test(start_paused = true)]
+async fn remembered_entities_started_from_the_store_are_not_written_again() {
+    let ids: Vec<String> = (0..10).map(|e| format!("w{e}")).collect();
+    let remembered = remembering(&ids);
+    remembered.updates.lock().unwrap().clear();
+    let world = Arc::new(World {
+        remembered: Some(remembered.clone()),
+        ..World::default()
+    });
+    let store = Arc::new(MemoryStore::default());
+    let (_network, nodes) = cluster(1, &world, &store).await;
+    wait_until(
+        "every remembered entity running",
+        Duration::from_secs(30),
+        || {
+            let running = world.running.lock().unwrap();
+            ids.iter().all(|id| running.contains_key(id))
+        },
+    )
+    .await;
+    inc(&nodes[0], "fresh").await.expect("a new entity answers");
+    // Several region ticks: any write of noted starts has gone by then.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let updates = remembered.updates.lock().unwrap().clone();
+    let written: Vec<&String> = updates.iter().flatten().collect();
+    assert!(
+        ids.iter().all(|id| !written.contains(&id)),
+        "remembered ids written again: {updates:?}"
+    );
+    assert!(written.contains(&&"fresh".to_string()), "{updates:?}");
+}
+
+/// An entity that passivated while its shard's read of remembered entities was in flight is
+/// not brought back by that read, even when the read was answered before the entity's stop
+/// was stored.
+#[tokio::test(start_paused = true)]
+async fn an_entity_passivated_during_the_read_of_remembered_entities_stays_stopped() {
+    let ids: Vec<String> = (0..5).map(|e| format!("q{e}")).collect();
+    let remembered = remembering(&ids);
+    // Writes take 10 s, and reads fail for the first 5 s: the read answers with the ids
+    // stored before the entity's start and stop below are.
+    *remembered.write_delay.lock().unwrap() = Duration::from_secs(10);
+    *remembered.reads_fail_until.lock().unwrap() =
+        Some(tokio::time::Instant::now() + Duration::from_secs(5));
+    let world = Arc::new(World {
+        remembered: Some(remembered.clone()),
+        ..World::default()
+    });
+    let store = Arc::new(MemoryStore::default());
+    let (_network, nodes) = cluster(1, &world, &store).await;
+    inc(&nodes[0], "q0").await.expect("q0 answers");
+    let passivated = nodes[0]
+        .sharding
+        .ask("counter", "q0", b"passivate".to_vec())
+        .await
+        .expect("q0 passivates");
+    assert_eq!(passivated, b"passivated");
+    wait_until(
+        "the other remembered entities running",
+        Duration::from_secs(30),
+        || {
+            let running = world.running.lock().unwrap();
+            ids[1..]
+                .iter()
+                .all(|id| running.get(id).is_some_and(|nodes| !nodes.is_empty()))
+        },
+    )
+    .await;
+    // Past every write: the start's, then the stop's.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let running = world.running.lock().unwrap();
+    assert!(
+        running.get("q0").is_none_or(|nodes| nodes.is_empty()),
+        "q0 was brought back"
+    );
+    let shard = shard_of(
+        &EntityId::new("q0").unwrap(),
+        sharding_settings().number_of_shards,
+    );
+    let stored = remembered.ids.lock().unwrap().get(&shard).cloned();
+    assert!(
+        !stored.unwrap_or_default().contains("q0"),
+        "q0 is still remembered"
     );
 }
 
