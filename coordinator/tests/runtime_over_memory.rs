@@ -52,10 +52,19 @@ struct MemoryRemember {
     reads_fail_until: Mutex<Option<tokio::time::Instant>>,
     /// Updates asked of the store, with the ids each started.
     updates: Mutex<Vec<Vec<String>>>,
+    /// Reads asked of the store.
+    reads: Mutex<usize>,
+    /// Reads are refused for good (a damaged store) while set.
+    reads_refused: Mutex<bool>,
 }
 
 impl RememberStore for MemoryRemember {
     fn entities(&self, shard: ShardId) -> BoxFuture<'static, Result<BTreeSet<String>, StoreError>> {
+        *self.reads.lock().unwrap() += 1;
+        if *self.reads_refused.lock().unwrap() {
+            let error = StoreError::Fatal("damaged".into());
+            return futures::future::ready(Err(error)).boxed();
+        }
         if self
             .reads_fail_until
             .lock()
@@ -483,6 +492,34 @@ async fn remembered_entities_start_once_a_long_unavailable_store_answers() {
         nodes[0].sharding.counters().snapshot().remembered_started,
         ids.len() as u64
     );
+}
+
+/// A read of remembered entities the store refuses for good is not repeated: each shard
+/// holding remembered entities reads once, and its entities start on their next message.
+#[tokio::test(start_paused = true)]
+async fn a_remembered_entities_read_refused_for_good_is_not_repeated() {
+    let ids: Vec<String> = (0..5).map(|e| format!("f{e}")).collect();
+    let remembered = remembering(&ids);
+    *remembered.reads_refused.lock().unwrap() = true;
+    let world = Arc::new(World {
+        remembered: Some(remembered.clone()),
+        ..World::default()
+    });
+    let store = Arc::new(MemoryStore::default());
+    let (_network, nodes) = cluster(1, &world, &store).await;
+    wait_until(
+        "a read of every shard with remembered entities",
+        Duration::from_secs(30),
+        || *remembered.reads.lock().unwrap() >= 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let shards: BTreeSet<ShardId> = remembered.ids.lock().unwrap().keys().copied().collect();
+    assert_eq!(*remembered.reads.lock().unwrap(), shards.len());
+    assert!(world.running.lock().unwrap().is_empty());
+    inc(&nodes[0], "f0")
+        .await
+        .expect("f0 starts on its message");
 }
 
 /// Entities a shard starts from its remembered entities are in the store already: their
