@@ -544,7 +544,6 @@ impl<T: Transport> Sharding<T> {
                 deadlines: VecDeque::new(),
                 shard_generations: HashMap::new(),
                 remembered_reads: HashMap::new(),
-                remembered_offered: HashMap::new(),
                 passivated_during_read: HashMap::new(),
                 inputs: inputs_tx.clone(),
                 gauges: gauges_tx,
@@ -1164,10 +1163,6 @@ struct RegionTask<T: Transport> {
     /// The read of remembered entities of each local shard that has not answered yet,
     /// cancelled when the shard stops or starts again: it is retried until then.
     remembered_reads: HashMap<ShardId, CancellationToken>,
-    /// Ids of each local shard offered to the host from its remembered entities, not yet
-    /// started or passivated since: their start is in the store already, so the host's note
-    /// of it is not written again (a shard that moves does not rewrite every id it holds).
-    remembered_offered: HashMap<ShardId, HashSet<String>>,
     /// Entities of each shard whose read of remembered entities is in flight that passivated
     /// meanwhile: the read may have been answered before their stop was stored, and must not
     /// bring them back.
@@ -1520,10 +1515,6 @@ impl<T: Transport> RegionTask<T> {
                         );
                     }
                     let offered = ids.len();
-                    self.remembered_offered
-                        .entry(shard)
-                        .or_default()
-                        .extend(ids.iter().cloned());
                     let skipped = host.start_entities(ids);
                     self.counters.remembered_started.fetch_add(
                         offered.saturating_sub(skipped.len()) as u64,
@@ -1594,14 +1585,9 @@ impl<T: Transport> RegionTask<T> {
             return;
         };
         let shard = shard_of(&entity, self.number_of_shards);
-        let offered = self
-            .remembered_offered
-            .get_mut(&shard)
-            .is_some_and(|ids| ids.remove(&id));
-        if started && offered {
-            // Started from the store, which holds it already.
-            return;
-        }
+        // Every start is written, those of remembered entities too: the write puts back an
+        // id a late stop of the shard's former home (or of its own earlier incarnation here)
+        // took out after the read.
         if !started && self.remembered_reads.contains_key(&shard) {
             self.passivated_during_read
                 .entry(shard)
@@ -1771,8 +1757,16 @@ impl<T: Transport> RegionTask<T> {
                     }
                     Err(error @ StoreError::Fatal(_)) => {
                         // Never readable as it is (a damaged log, a key of another type, a
-                        // newer owner of the log): reading again would not help.
+                        // newer owner of the log): reading again would not help. The empty
+                        // answer ends the read for the region.
                         tracing::warn!(type_name, %shard, %error, "the shard's remembered entities cannot be read; they start on their next message");
+                        let _ = inputs
+                            .send(RegionInput::Remembered {
+                                shard,
+                                generation,
+                                ids: BTreeSet::new(),
+                            })
+                            .await;
                         return;
                     }
                     Err(error) => {
@@ -1992,7 +1986,6 @@ impl<T: Transport> RegionTask<T> {
         if let Some(read) = self.remembered_reads.remove(&shard) {
             read.cancel();
         }
-        self.remembered_offered.remove(&shard);
         self.passivated_during_read.remove(&shard);
         self.stops_began.insert(shard, clock_now());
         let inputs = self.inputs.clone();
