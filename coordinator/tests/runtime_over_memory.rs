@@ -420,6 +420,31 @@ async fn remembered_entities_a_full_host_refused_are_started_on_a_later_tick() {
     assert!(world.double_activations.lock().unwrap().is_empty());
 }
 
+/// A world whose entities are remembered in `remembered`, on one node (each shard lands
+/// once, so each remembered id is started once).
+async fn one_node_remembering(
+    remembered: &Arc<MemoryRemember>,
+) -> (Arc<World>, Arc<MemoryNetwork>, TestNode) {
+    let world = Arc::new(World {
+        remembered: Some(remembered.clone()),
+        ..World::default()
+    });
+    let store = Arc::new(MemoryStore::default());
+    let (network, mut nodes) = cluster(1, &world, &store).await;
+    let node = nodes.pop().expect("one node");
+    (world, network, node)
+}
+
+/// Waits until each of `ids` runs on some node.
+async fn wait_running(world: &World, ids: &[String], limit: Duration) {
+    wait_until("the remembered entities running", limit, || {
+        let running = world.running.lock().unwrap();
+        ids.iter()
+            .all(|id| running.get(id).is_some_and(|nodes| !nodes.is_empty()))
+    })
+    .await;
+}
+
 /// Ids in the remember store that are not valid entity ids (a damaged or foreign store) are
 /// neither offered to the host nor counted as started; the valid ones of the same shard are.
 #[tokio::test(start_paused = true)]
@@ -434,28 +459,14 @@ async fn remembered_ids_that_are_not_entity_ids_are_not_started_or_counted() {
     remembered
         .update(shard, invalid.clone(), Vec::new())
         .now_or_never();
-    let world = Arc::new(World {
-        remembered: Some(remembered),
-        ..World::default()
-    });
-    let store = Arc::new(MemoryStore::default());
-    // One node: each shard lands once, so each valid id is started once.
-    let (_network, nodes) = cluster(1, &world, &store).await;
-    wait_until(
-        "every valid remembered entity running",
-        Duration::from_secs(30),
-        || {
-            let running = world.running.lock().unwrap();
-            ids.iter().all(|id| running.contains_key(id))
-        },
-    )
-    .await;
+    let (world, _network, node) = one_node_remembering(&remembered).await;
+    wait_running(&world, &ids, Duration::from_secs(30)).await;
     let running = world.running.lock().unwrap();
     for id in &invalid {
         assert!(!running.contains_key(id), "{id:?} was offered to the host");
     }
     assert_eq!(
-        nodes[0].sharding.counters().snapshot().remembered_started,
+        node.sharding.counters().snapshot().remembered_started,
         ids.len() as u64
     );
 }
@@ -470,23 +481,10 @@ async fn remembered_entities_start_once_a_long_unavailable_store_answers() {
     let unavailable_for = Duration::from_secs(120);
     *remembered.reads_fail_until.lock().unwrap() =
         Some(tokio::time::Instant::now() + unavailable_for);
-    let world = Arc::new(World {
-        remembered: Some(remembered),
-        ..World::default()
-    });
-    let store = Arc::new(MemoryStore::default());
-    let (_network, nodes) = cluster(1, &world, &store).await;
-    wait_until(
-        "every remembered entity running",
-        unavailable_for + Duration::from_secs(60),
-        || {
-            let running = world.running.lock().unwrap();
-            ids.iter().all(|id| running.contains_key(id))
-        },
-    )
-    .await;
+    let (world, _network, node) = one_node_remembering(&remembered).await;
+    wait_running(&world, &ids, unavailable_for + Duration::from_secs(60)).await;
     assert_eq!(
-        nodes[0].sharding.counters().snapshot().remembered_started,
+        node.sharding.counters().snapshot().remembered_started,
         ids.len() as u64
     );
 }
@@ -498,12 +496,7 @@ async fn a_remembered_entities_read_refused_for_good_is_not_repeated() {
     let ids: Vec<String> = (0..5).map(|e| format!("f{e}")).collect();
     let remembered = remembering(&ids);
     *remembered.reads_refused.lock().unwrap() = true;
-    let world = Arc::new(World {
-        remembered: Some(remembered.clone()),
-        ..World::default()
-    });
-    let store = Arc::new(MemoryStore::default());
-    let (_network, nodes) = cluster(1, &world, &store).await;
+    let (world, _network, node) = one_node_remembering(&remembered).await;
     wait_until(
         "a read of every shard with remembered entities",
         Duration::from_secs(30),
@@ -514,9 +507,7 @@ async fn a_remembered_entities_read_refused_for_good_is_not_repeated() {
     let shards: BTreeSet<ShardId> = remembered.ids.lock().unwrap().keys().copied().collect();
     assert_eq!(*remembered.reads.lock().unwrap(), shards.len());
     assert!(world.running.lock().unwrap().is_empty());
-    inc(&nodes[0], "f0")
-        .await
-        .expect("f0 starts on its message");
+    inc(&node, "f0").await.expect("f0 starts on its message");
 }
 
 /// An entity that passivated while its shard's read of remembered entities was in flight is
@@ -531,31 +522,16 @@ async fn an_entity_passivated_during_the_read_of_remembered_entities_stays_stopp
     *remembered.write_delay.lock().unwrap() = Duration::from_secs(10);
     *remembered.reads_fail_until.lock().unwrap() =
         Some(tokio::time::Instant::now() + Duration::from_secs(3_600));
-    let world = Arc::new(World {
-        remembered: Some(remembered.clone()),
-        ..World::default()
-    });
-    let store = Arc::new(MemoryStore::default());
-    let (_network, nodes) = cluster(1, &world, &store).await;
-    inc(&nodes[0], "q0").await.expect("q0 answers");
-    let passivated = nodes[0]
+    let (world, _network, node) = one_node_remembering(&remembered).await;
+    inc(&node, "q0").await.expect("q0 answers");
+    let passivated = node
         .sharding
         .ask("counter", "q0", b"passivate".to_vec())
         .await
         .expect("q0 passivates");
     assert_eq!(passivated, b"passivated");
     *remembered.reads_fail_until.lock().unwrap() = None;
-    wait_until(
-        "the other remembered entities running",
-        Duration::from_secs(30),
-        || {
-            let running = world.running.lock().unwrap();
-            ids[1..]
-                .iter()
-                .all(|id| running.get(id).is_some_and(|nodes| !nodes.is_empty()))
-        },
-    )
-    .await;
+    wait_running(&world, &ids[1..], Duration::from_secs(30)).await;
     // Past every write: the start's, then the stop's.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let running = world.running.lock().unwrap();
