@@ -16,13 +16,14 @@ use crate::replicator::{
 };
 use crate::value::ReplicatedValue;
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tessera_cluster::UniqueAddress;
 use tessera_cluster::node::ClusterSnapshot;
-use tessera_cluster::transport::{Lane, Transport, TransportError, services};
+use tessera_cluster::transport::{Inbound, Lane, Transport, TransportError, services};
 use tessera_metrics::LatencyFamily;
 use tessera_storage::FsyncPolicy;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -370,6 +371,68 @@ fn lane_of(message: &ReplicatorMessage) -> Lane {
     }
 }
 
+/// Bulk messages (anti-entropy, deltas: up to `max_message_bytes` each) taken off the
+/// transport's queue and held behind the quorum messages that arrived with them, at most.
+const MAX_HELD_BULK: usize = 16;
+/// Quorum messages held at most (each small; they are stepped before anything held).
+const MAX_HELD_QUORUM: usize = 256;
+
+/// The Replicator's inbound messages in the order they are stepped: quorum reads, writes and
+/// their answers before the bulk messages that arrived with them. The transport keeps the
+/// lanes apart on the wire, but delivers a service's messages in one queue; without this, a
+/// quorum message would still wait on the receiver for every bulk message ahead of it to be
+/// decoded and merged. Bulk messages keep their order among themselves, quorum ones too; the
+/// Replicator relies on no order between the two (see [`lane_of`]). Both holds are bounded:
+/// once one is full, the rest waits in the transport's bounded queue.
+#[derive(Default)]
+struct InboundOrder {
+    quorum: VecDeque<(UniqueAddress, ReplicatorMessage)>,
+    bulk: VecDeque<(UniqueAddress, ReplicatorMessage)>,
+}
+
+impl InboundOrder {
+    fn has_room(&self) -> bool {
+        self.quorum.len() < MAX_HELD_QUORUM && self.bulk.len() < MAX_HELD_BULK
+    }
+
+    fn is_empty(&self) -> bool {
+        self.quorum.is_empty() && self.bulk.is_empty()
+    }
+
+    /// Decodes and holds a message; one that does not decode is counted and dropped.
+    fn hold(&mut self, message: Inbound, counters: &ReplicatorCounters) {
+        match ReplicatorMessage::decode(&message.payload) {
+            Ok(decoded) => {
+                let held = (message.from, decoded);
+                match lane_of(&held.1) {
+                    Lane::Quorum => self.quorum.push_back(held),
+                    _ => self.bulk.push_back(held),
+                }
+            }
+            Err(e) => {
+                counters.decode_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(from = %message.from.address, error = %e,
+                    "undecodable replicator message");
+            }
+        }
+    }
+
+    /// Holds what the transport has queued, while there is room.
+    fn take_queued(&mut self, queue: &mut mpsc::Receiver<Inbound>, counters: &ReplicatorCounters) {
+        while self.has_room() {
+            match queue.try_recv() {
+                Ok(message) => self.hold(message, counters),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// The next message to step: the oldest quorum message, else the oldest bulk one.
+    fn next(&mut self) -> Option<(UniqueAddress, ReplicatorMessage)> {
+        self.quorum.pop_front().or_else(|| self.bulk.pop_front())
+    }
+}
+
 /// Now, on tokio's clock (which tests can pause and advance).
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
@@ -516,6 +579,7 @@ impl<T: Transport> Driver<T> {
         self.step(Input::Membership(view));
         // Once the cluster node stops, nothing changes any more: keep serving what is held.
         let mut membership_open = true;
+        let mut held = InboundOrder::default();
         let stopped = loop {
             // Timers first: a busy command stream must not starve timeouts and gossip.
             if now() >= self.replicator.next_timer() {
@@ -523,6 +587,7 @@ impl<T: Transport> Driver<T> {
                 continue;
             }
             let deadline = tokio::time::Instant::from_std(self.replicator.next_timer());
+            held.take_queued(&mut inbound, &self.counters);
             let next = tokio::select! {
                 command = commands.recv() => match command {
                     Some(DriverCommand::Request(command, reply)) => {
@@ -543,16 +608,16 @@ impl<T: Transport> Driver<T> {
                     Some(DriverCommand::Stop(done)) => Next::Stop(Some(done)),
                     None => Next::Stop(None),
                 },
-                message = inbound.recv() => match message {
-                    Some(message) => match ReplicatorMessage::decode(&message.payload) {
-                        Ok(decoded) => Next::Step(Input::Message { from: message.from, message: decoded }),
-                        Err(e) => {
-                            self.counters.decode_errors.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(from = %message.from.address, error = %e,
-                                "undecodable replicator message");
-                            Next::Wait
-                        }
-                    },
+                _ = std::future::ready(()), if !held.is_empty() => match held.next() {
+                    Some((from, message)) => Next::Step(Input::Message { from, message }),
+                    None => Next::Wait,
+                },
+                message = inbound.recv(), if held.has_room() => match message {
+                    Some(message) => {
+                        held.hold(message, &self.counters);
+                        Next::Wait
+                    }
+                    // Whatever is held is not stepped any more: the transport has shut down.
                     None => Next::Stop(None),
                 },
                 done = completion(&mut completions) => match done {
@@ -756,6 +821,68 @@ mod tests {
     use super::*;
     use crate::envelope::DataEnvelope;
     use crate::replicator::ChunkKeyList;
+
+    fn inbound(from: u64, message: &ReplicatorMessage) -> Inbound {
+        Inbound {
+            from: UniqueAddress::new(tessera_cluster::Address::new("127.0.0.1", 25520), from),
+            service: services::REPLICATOR,
+            payload: Bytes::from(message.encode().expect("encodes")),
+            reply: None,
+        }
+    }
+
+    fn status(n: u16) -> ReplicatorMessage {
+        ReplicatorMessage::Status {
+            chunks: vec![(n, 0)],
+        }
+    }
+
+    fn read(op: u64) -> ReplicatorMessage {
+        ReplicatorMessage::Read {
+            op,
+            incarnation: 1,
+            key: "k".into(),
+        }
+    }
+
+    /// A quorum message queued behind bulk ones is stepped first; each kind keeps its order,
+    /// and the bulk held is bounded (the rest stays in the transport's queue).
+    #[tokio::test]
+    async fn quorum_messages_are_stepped_before_the_bulk_ones_queued_ahead_of_them() {
+        let counters = ReplicatorCounters::default();
+        let (tx, mut rx) = mpsc::channel(64);
+        for n in 0..MAX_HELD_BULK as u16 + 4 {
+            tx.try_send(inbound(1, &status(n))).unwrap();
+            if n == 2 || n == 5 {
+                tx.try_send(inbound(2, &read(u64::from(n)))).unwrap();
+            }
+        }
+        tx.try_send(inbound(3, &read(99))).unwrap();
+        tx.try_send(Inbound {
+            payload: Bytes::from_static(b"\xff"),
+            ..inbound(4, &read(0))
+        })
+        .unwrap();
+        let mut held = InboundOrder::default();
+        held.take_queued(&mut rx, &counters);
+        assert!(!held.has_room(), "bulk held up to its bound");
+        let first: Vec<ReplicatorMessage> = (0..2).map(|_| held.next().unwrap().1).collect();
+        assert_eq!(first, [read(2), read(5)]);
+        let mut bulk = Vec::new();
+        while let Some((_, message)) = held.next() {
+            bulk.push(message);
+        }
+        let expected: Vec<ReplicatorMessage> = (0..MAX_HELD_BULK as u16).map(status).collect();
+        assert_eq!(bulk, expected);
+        // The rest, quorum first again.
+        held.take_queued(&mut rx, &counters);
+        assert_eq!(held.next().unwrap().1, read(99));
+        for n in MAX_HELD_BULK as u16..MAX_HELD_BULK as u16 + 4 {
+            assert_eq!(held.next().unwrap().1, status(n));
+        }
+        assert!(held.next().is_none());
+        assert_eq!(counters.decode_errors.load(Ordering::Relaxed), 1);
+    }
 
     #[test]
     fn quorum_traffic_takes_the_quorum_lane_and_anti_entropy_the_bulk_lane() {
