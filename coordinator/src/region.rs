@@ -748,6 +748,55 @@ mod tests {
         );
     }
 
+    /// Messages for shards whose home is not known wait in one bounded buffer: past
+    /// `buffer_size` each is refused with a typed error (not delivered), and those that waited
+    /// are delivered in order once the home is known.
+    #[test]
+    fn a_full_buffer_refuses_with_a_typed_error_and_keeps_what_it_holds() {
+        let me = id(1);
+        let coordinator = id(9);
+        let shard = ShardId(4);
+        let t0 = Instant::now();
+        let settings = ShardingSettings {
+            buffer_size: 3,
+            ..settings()
+        };
+        let mut region: ShardRegion<u64> = ShardRegion::new(settings, me.clone(), true);
+        region.membership(
+            RegionView {
+                members: [me.clone(), coordinator.clone()].into_iter().collect(),
+                coordinator: Some(coordinator.clone()),
+                self_joining: false,
+            },
+            t0,
+        );
+        region.from_coordinator(&coordinator, ToRegion::RegisterAck, t0);
+        let mut refused = Vec::new();
+        for seq in 0..5 {
+            for output in region.deliver(Origin::Local, shard, seq, t0) {
+                if let RegionOutput::Refused { message, error } = output {
+                    refused.push((message, error));
+                }
+            }
+        }
+        let full = RegionError::BufferFull { capacity: 3 };
+        assert_eq!(refused, [(3, full.clone()), (4, full)]);
+        assert_eq!(region.buffered(), 3);
+        assert!(
+            refused[0].1.to_string().contains("buffer") && refused[0].1.to_string().contains("3")
+        );
+        let out = region.from_coordinator(&coordinator, ToRegion::HostShard { shard }, t0);
+        let delivered: Vec<u64> = out
+            .iter()
+            .filter_map(|o| match o {
+                RegionOutput::DeliverLocal { message, .. } => Some(*message),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(delivered, [0, 1, 2], "{out:?}");
+        assert_eq!(region.buffered(), 0);
+    }
+
     #[test]
     fn local_traffic_during_a_stop_waits_for_the_next_home() {
         let owner = id(1);

@@ -984,6 +984,47 @@ impl Sim {
                  crashed node or a cut link, e.g. {first:?}"
             ));
         }
+        // The cluster is stable now: a coordinator runs with its state, every shard in it has
+        // a live home, and each shard a live region hosts is allocated to that region there.
+        let state = self
+            .coordinator_host
+            .and_then(|host| self.nodes[host].coordinator.as_ref())
+            .and_then(ShardCoordinator::state)
+            .cloned();
+        match state {
+            None => self.violation(
+                "no running coordinator with its state once the cluster is stable".into(),
+            ),
+            Some(state) => {
+                let live: BTreeSet<&UniqueAddress> = self
+                    .nodes
+                    .iter()
+                    .filter(|node| node.alive)
+                    .map(|node| &node.id)
+                    .collect();
+                let homeless: Vec<ShardId> = state
+                    .shards()
+                    .iter()
+                    .filter(|(_, home)| !live.contains(home))
+                    .map(|(shard, _)| *shard)
+                    .collect();
+                let mut misplaced = Vec::new();
+                for node in self.nodes.iter().filter(|node| node.alive) {
+                    for shard in node.region.local_shards() {
+                        if state.shards().get(shard) != Some(&node.id) {
+                            misplaced.push((*shard, node.id.address.port));
+                        }
+                    }
+                }
+                if !homeless.is_empty() || !misplaced.is_empty() {
+                    self.violation(format!(
+                        "once the cluster is stable, shards allocated to a region that is gone: \
+                         {homeless:?}; shards a live region hosts that the coordinator's state \
+                         does not give it (shard, port): {misplaced:?}"
+                    ));
+                }
+            }
+        }
         if let Some(host) = self.coordinator_host
             && let Some(coordinator) = self.nodes[host].coordinator.as_ref()
         {

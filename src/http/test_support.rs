@@ -24,6 +24,8 @@ pub struct FakeControl {
     pub join_confirmed_after: Mutex<Option<Duration>>,
     /// A join that will show in the membership: the address joined, and from when.
     pending_join: Mutex<Option<(Address, Instant)>>,
+    /// Why the node is not ready beyond its member status (unregistered shard regions).
+    pub not_ready: Mutex<Option<String>>,
 }
 
 fn member(address: &str, uid: u64, up_number: i32, roles: &[&str]) -> MemberView {
@@ -76,6 +78,7 @@ impl FakeControl {
             fail_with: Mutex::new(None),
             join_confirmed_after: Mutex::new(None),
             pending_join: Mutex::new(None),
+            not_ready: Mutex::new(None),
         }
     }
 
@@ -154,5 +157,9 @@ impl ClusterControl for FakeControl {
 
     fn metrics(&self) -> NodeMetrics {
         self.metrics.clone()
+    }
+
+    fn not_ready_reason(&self) -> Option<String> {
+        self.not_ready.lock().unwrap().clone()
     }
 }

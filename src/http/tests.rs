@@ -396,6 +396,21 @@ async fn ready_is_200_only_when_up() {
     assert_eq!(reply.json()["status"], Value::Null);
 }
 
+/// An Up node whose shard regions are not registered with their coordinators yet is not
+/// ready: 503 naming why, until they are.
+#[tokio::test]
+async fn ready_waits_for_the_shard_regions_to_register() {
+    let control = fake();
+    let reason = "the shard regions of account are not registered with their coordinators yet";
+    *control.not_ready.lock().unwrap() = Some(reason.to_string());
+    let reply = send(&control, Method::GET, "/health/ready", None).await;
+    reply.assert_error(StatusCode::SERVICE_UNAVAILABLE, reason);
+    assert_eq!(reply.json()["status"], "up");
+    *control.not_ready.lock().unwrap() = None;
+    let reply = send(&control, Method::GET, "/health/ready", None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn metrics_are_prometheus_text_with_every_series() {
     let mut control = FakeControl::two_up();
