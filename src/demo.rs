@@ -52,6 +52,11 @@ pub enum DemoError {
     Answer { node: usize, what: String },
     #[error("balances do not match the acknowledged deposits: {0}")]
     Lost(String),
+    #[error("node {node} exited with {status} after SIGTERM (a graceful stop exits 0)")]
+    Exit {
+        node: usize,
+        status: std::process::ExitStatus,
+    },
 }
 
 /// A `tessera node` child process.
@@ -745,6 +750,12 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
         "=> node {leaver} exited with {status} after {:.1}s",
         start.elapsed().as_secs_f64()
     );
+    if !status.success() {
+        return Err(DemoError::Exit {
+            node: leaver,
+            status,
+        });
+    }
     let remaining: Vec<&DemoNode> = nodes.iter().collect();
     check_balances(&remaining, &ledger).await?;
     println!("   who hosts what now:");
@@ -764,6 +775,12 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
                 timeout: EXIT_TIMEOUT,
             })??;
         println!("   {} exited with {status}", node.name());
+        if !status.success() {
+            return Err(DemoError::Exit {
+                node: node.number,
+                status,
+            });
+        }
     }
     println!(
         "\ndemo complete: every acknowledged deposit survived a crash, a join and a graceful \
