@@ -372,22 +372,24 @@ fn lane_of(message: &ReplicatorMessage) -> Lane {
 }
 
 /// Bulk messages (anti-entropy, deltas: up to `max_message_bytes` each) taken off the
-/// transport's queue and held behind the quorum messages that arrived with them, at most.
-const MAX_HELD_BULK: usize = 16;
-/// Quorum messages held at most (each small; they are stepped before anything held).
+/// transport's queue and held behind the quorum messages taken with them, at most.
+const MAX_HELD_BULK: usize = 256;
+/// Quorum messages held at most.
 const MAX_HELD_QUORUM: usize = 256;
 
 /// The Replicator's inbound messages in the order they are stepped: quorum reads, writes and
-/// their answers before the bulk messages that arrived with them. The transport keeps the
-/// lanes apart on the wire, but delivers a service's messages in one queue; without this, a
-/// quorum message would still wait on the receiver for every bulk message ahead of it to be
-/// decoded and merged. Bulk messages keep their order among themselves, quorum ones too; the
-/// Replicator relies on no order between the two (see [`lane_of`]). Both holds are bounded:
-/// once one is full, the rest waits in the transport's bounded queue.
+/// their answers before the bulk messages taken off the queue with them. The transport keeps
+/// the lanes apart on the wire but delivers a service's messages in one queue; without this,
+/// a quorum message would still wait on the receiver for every bulk message ahead of it to be
+/// decoded and merged. Messages are held as they arrived (their bytes were in the transport's
+/// queue already) and decoded when stepped; a message's kind is read from its first bytes.
+/// Bulk messages keep their order among themselves, quorum ones too; the Replicator relies on
+/// no order between the two (see [`lane_of`]). Both holds are bounded: once one is full, the
+/// rest waits in the transport's bounded queue.
 #[derive(Default)]
 struct InboundOrder {
-    quorum: VecDeque<(UniqueAddress, ReplicatorMessage)>,
-    bulk: VecDeque<(UniqueAddress, ReplicatorMessage)>,
+    quorum: VecDeque<Inbound>,
+    bulk: VecDeque<Inbound>,
 }
 
 impl InboundOrder {
@@ -399,39 +401,56 @@ impl InboundOrder {
         self.quorum.is_empty() && self.bulk.is_empty()
     }
 
-    /// Decodes and holds a message; one that does not decode is counted and dropped.
-    fn hold(&mut self, message: Inbound, counters: &ReplicatorCounters) {
-        match ReplicatorMessage::decode(&message.payload) {
-            Ok(decoded) => {
-                let held = (message.from, decoded);
-                match lane_of(&held.1) {
-                    Lane::Quorum => self.quorum.push_back(held),
-                    _ => self.bulk.push_back(held),
-                }
-            }
-            Err(e) => {
-                counters.decode_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(from = %message.from.address, error = %e,
-                    "undecodable replicator message");
-            }
+    /// Holds a message by its kind; one that is not a quorum message by its first bytes (a
+    /// malformed one too) waits with the bulk ones.
+    fn hold(&mut self, message: Inbound) {
+        if is_quorum_message(&message.payload) {
+            self.quorum.push_back(message);
+        } else {
+            self.bulk.push_back(message);
         }
     }
 
     /// Holds what the transport has queued, while there is room.
-    fn take_queued(&mut self, queue: &mut mpsc::Receiver<Inbound>, counters: &ReplicatorCounters) {
+    fn take_queued(&mut self, queue: &mut mpsc::Receiver<Inbound>) {
         while self.has_room() {
             match queue.try_recv() {
-                Ok(message) => self.hold(message, counters),
+                Ok(message) => self.hold(message),
                 Err(_) => return,
             }
         }
     }
 
-    /// The next message to step: the oldest quorum message, else the oldest bulk one.
-    fn next(&mut self) -> Option<(UniqueAddress, ReplicatorMessage)> {
-        self.quorum.pop_front().or_else(|| self.bulk.pop_front())
+    /// The next message to step, decoded: the oldest quorum message, else the oldest bulk
+    /// one. One that does not decode is counted and dropped.
+    fn next(
+        &mut self,
+        counters: &ReplicatorCounters,
+    ) -> Option<(UniqueAddress, ReplicatorMessage)> {
+        while let Some(message) = self.quorum.pop_front().or_else(|| self.bulk.pop_front()) {
+            match ReplicatorMessage::decode(&message.payload) {
+                Ok(decoded) => return Some((message.from, decoded)),
+                Err(e) => {
+                    counters.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(from = %message.from.address, error = %e,
+                        "undecodable replicator message");
+                }
+            }
+        }
+        None
     }
 }
+
+/// Whether an encoded [`ReplicatorMessage`] is one of the quorum lane's, from its first two
+/// bytes: the format version, then the variant's index (postcard: one byte below 128). The
+/// quorum variants are the first five ([`lane_of`]; a test keeps the two in step).
+fn is_quorum_message(payload: &[u8]) -> bool {
+    matches!(payload, [version, variant, ..]
+        if *version == crate::codec::DATA_FORMAT_VERSION && *variant < QUORUM_VARIANTS)
+}
+
+/// `Read`, `ReadResult`, `Write`, `WriteAck`, `WriteNack`: variants 0 to 4.
+const QUORUM_VARIANTS: u8 = 5;
 
 /// Now, on tokio's clock (which tests can pause and advance).
 fn now() -> Instant {
@@ -587,7 +606,7 @@ impl<T: Transport> Driver<T> {
                 continue;
             }
             let deadline = tokio::time::Instant::from_std(self.replicator.next_timer());
-            held.take_queued(&mut inbound, &self.counters);
+            held.take_queued(&mut inbound);
             let next = tokio::select! {
                 command = commands.recv() => match command {
                     Some(DriverCommand::Request(command, reply)) => {
@@ -608,13 +627,17 @@ impl<T: Transport> Driver<T> {
                     Some(DriverCommand::Stop(done)) => Next::Stop(Some(done)),
                     None => Next::Stop(None),
                 },
-                _ = std::future::ready(()), if !held.is_empty() => match held.next() {
-                    Some((from, message)) => Next::Step(Input::Message { from, message }),
-                    None => Next::Wait,
-                },
+                // Taking held messages uses the task's budget as receiving them would, so that
+                // a steady stream of them still lets the worker run other tasks.
+                _ = tokio::task::coop::consume_budget(), if !held.is_empty() => {
+                    match held.next(&self.counters) {
+                        Some((from, message)) => Next::Step(Input::Message { from, message }),
+                        None => Next::Wait,
+                    }
+                }
                 message = inbound.recv(), if held.has_room() => match message {
                     Some(message) => {
-                        held.hold(message, &self.counters);
+                        held.hold(message);
                         Next::Wait
                     }
                     // Whatever is held is not stepped any more: the transport has shut down.
@@ -846,42 +869,106 @@ mod tests {
     }
 
     /// A quorum message queued behind bulk ones is stepped first; each kind keeps its order,
-    /// and the bulk held is bounded (the rest stays in the transport's queue).
-    #[tokio::test]
-    async fn quorum_messages_are_stepped_before_the_bulk_ones_queued_ahead_of_them() {
+    /// the bulk held is bounded (the rest stays in the transport's queue), and a message that
+    /// does not decode is counted and skipped.
+    #[test]
+    fn quorum_messages_are_stepped_before_the_bulk_ones_queued_ahead_of_them() {
         let counters = ReplicatorCounters::default();
-        let (tx, mut rx) = mpsc::channel(64);
-        for n in 0..MAX_HELD_BULK as u16 + 4 {
+        let (tx, mut rx) = mpsc::channel(MAX_HELD_BULK + 16);
+        let beyond = MAX_HELD_BULK as u16 + 4;
+        for n in 0..beyond {
             tx.try_send(inbound(1, &status(n))).unwrap();
             if n == 2 || n == 5 {
                 tx.try_send(inbound(2, &read(u64::from(n)))).unwrap();
             }
+            if n == 7 {
+                tx.try_send(Inbound {
+                    payload: Bytes::from_static(b"\xff"),
+                    ..inbound(4, &read(0))
+                })
+                .unwrap();
+            }
         }
         tx.try_send(inbound(3, &read(99))).unwrap();
-        tx.try_send(Inbound {
-            payload: Bytes::from_static(b"\xff"),
-            ..inbound(4, &read(0))
-        })
-        .unwrap();
         let mut held = InboundOrder::default();
-        held.take_queued(&mut rx, &counters);
+        held.take_queued(&mut rx);
         assert!(!held.has_room(), "bulk held up to its bound");
-        let first: Vec<ReplicatorMessage> = (0..2).map(|_| held.next().unwrap().1).collect();
+        let first: Vec<ReplicatorMessage> =
+            (0..2).map(|_| held.next(&counters).unwrap().1).collect();
         assert_eq!(first, [read(2), read(5)]);
         let mut bulk = Vec::new();
-        while let Some((_, message)) = held.next() {
+        while let Some((_, message)) = held.next(&counters) {
             bulk.push(message);
         }
-        let expected: Vec<ReplicatorMessage> = (0..MAX_HELD_BULK as u16).map(status).collect();
-        assert_eq!(bulk, expected);
-        // The rest, quorum first again.
-        held.take_queued(&mut rx, &counters);
-        assert_eq!(held.next().unwrap().1, read(99));
-        for n in MAX_HELD_BULK as u16..MAX_HELD_BULK as u16 + 4 {
-            assert_eq!(held.next().unwrap().1, status(n));
-        }
-        assert!(held.next().is_none());
+        let expected: Vec<ReplicatorMessage> = (0..MAX_HELD_BULK as u16 - 1).map(status).collect();
+        assert_eq!(
+            bulk, expected,
+            "the malformed one took a place and was skipped"
+        );
         assert_eq!(counters.decode_errors.load(Ordering::Relaxed), 1);
+        // The rest, quorum first again.
+        held.take_queued(&mut rx);
+        assert_eq!(held.next(&counters).unwrap().1, read(99));
+        for n in MAX_HELD_BULK as u16 - 1..beyond {
+            assert_eq!(held.next(&counters).unwrap().1, status(n));
+        }
+        assert!(held.next(&counters).is_none());
+    }
+
+    /// The first bytes of every quorum message, and of no other, say it is one.
+    #[test]
+    fn a_messages_kind_is_read_from_its_first_bytes() {
+        let (op, incarnation, key) = (1, 2, "k".to_string());
+        let messages = [
+            read(op),
+            ReplicatorMessage::ReadResult {
+                op,
+                incarnation,
+                key: key.clone(),
+                envelope: None,
+            },
+            ReplicatorMessage::Write {
+                op,
+                incarnation,
+                key: key.clone(),
+                envelope: DataEnvelope::deleted(),
+            },
+            ReplicatorMessage::WriteAck { op, incarnation },
+            ReplicatorMessage::WriteNack {
+                op,
+                incarnation,
+                reason: String::new(),
+            },
+            ReplicatorMessage::Deltas {
+                incarnation,
+                deltas: Vec::new(),
+            },
+            ReplicatorMessage::DeltaGap {
+                keys: vec![key.clone()],
+            },
+            status(0),
+            ReplicatorMessage::ChunkKeys {
+                chunks: Vec::new(),
+                more: false,
+            },
+            ReplicatorMessage::Gossip {
+                entries: Vec::new(),
+                send_back: Vec::new(),
+                reply_expected: false,
+                more: false,
+            },
+        ];
+        for message in &messages {
+            let payload = message.encode().unwrap();
+            assert_eq!(
+                is_quorum_message(&payload),
+                lane_of(message) == Lane::Quorum,
+                "{message:?}"
+            );
+        }
+        assert!(!is_quorum_message(&[]));
+        assert!(!is_quorum_message(&[crate::codec::DATA_FORMAT_VERSION]));
+        assert!(!is_quorum_message(&[0xff, 0]));
     }
 
     #[test]
