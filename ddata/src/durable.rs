@@ -111,10 +111,11 @@ impl DurableStore {
             })
     }
 
-    /// Every stored key. A record that fails its checksum stops the load with an error naming
-    /// the key: starting without it would silently forget acknowledged data.
-    pub fn load_all(&self) -> Result<Vec<(String, DataEnvelope)>, DurableStoreError> {
-        let mut entries = Vec::new();
+    /// Calls `each` with every stored record's key and value, in key order.
+    fn for_each_record(
+        &self,
+        mut each: impl FnMut(&[u8], &[u8]) -> Result<(), DurableStoreError>,
+    ) -> Result<(), DurableStoreError> {
         for item in self
             .db
             .iterator_cf(self.cf(CF_DATA)?, rocksdb::IteratorMode::Start)
@@ -123,15 +124,26 @@ impl DurableStore {
                 path: self.path.clone(),
                 detail: e.to_string(),
             })?;
-            let name = String::from_utf8_lossy(&key).into_owned();
-            let corrupt = |detail: String| DurableStoreError::Corrupt {
-                path: self.path.clone(),
-                key: name.clone(),
-                detail,
-            };
-            let envelope = decode_record(&key, &value).map_err(corrupt)?;
-            entries.push((name, envelope));
+            each(&key, &value)?;
         }
+        Ok(())
+    }
+
+    /// Every stored key. A record that fails its checksum stops the load with an error naming
+    /// the key: starting without it would silently forget acknowledged data.
+    pub fn load_all(&self) -> Result<Vec<(String, DataEnvelope)>, DurableStoreError> {
+        let mut entries = Vec::new();
+        self.for_each_record(|key, value| {
+            let name = String::from_utf8_lossy(key).into_owned();
+            let envelope =
+                decode_record(key, value).map_err(|detail| DurableStoreError::Corrupt {
+                    path: self.path.clone(),
+                    key: name.clone(),
+                    detail,
+                })?;
+            entries.push((name, envelope));
+            Ok(())
+        })?;
         Ok(entries)
     }
 
@@ -139,16 +151,10 @@ impl DurableStore {
     /// not hide its key).
     pub fn keys(&self) -> Result<Vec<String>, DurableStoreError> {
         let mut keys = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(self.cf(CF_DATA)?, rocksdb::IteratorMode::Start)
-        {
-            let (key, _) = item.map_err(|e| DurableStoreError::Storage {
-                path: self.path.clone(),
-                detail: e.to_string(),
-            })?;
-            keys.push(String::from_utf8_lossy(&key).into_owned());
-        }
+        self.for_each_record(|key, _| {
+            keys.push(String::from_utf8_lossy(key).into_owned());
+            Ok(())
+        })?;
         Ok(keys)
     }
 
