@@ -22,11 +22,16 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 have_libclang() {
-  if [ -n "${LIBCLANG_PATH:-}" ] && ls "$LIBCLANG_PATH"/libclang*.so* >/dev/null 2>&1; then
-    return 0
-  fi
-  ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* \
-     /usr/lib/aarch64-linux-gnu/libclang*.so* /usr/lib64/libclang*.so* >/dev/null 2>&1
+  # bindgen loads libclang.so or libclang-<version>.so (package libclang1-N), not
+  # libclang-cpp; each directory is tried on its own, since ls fails when any one is absent.
+  local dir
+  for dir in ${LIBCLANG_PATH:-} /usr/lib/llvm-*/lib /usr/lib/x86_64-linux-gnu \
+             /usr/lib/aarch64-linux-gnu /usr/lib64; do
+    if compgen -G "$dir/libclang.so*" >/dev/null || compgen -G "$dir/libclang-[0-9]*.so*" >/dev/null; then
+      return 0
+    fi
+  done
+  return 1
 }
 
 missing=()
