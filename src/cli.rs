@@ -470,10 +470,27 @@ pub struct BenchShardingArgs {
     /// Shorter phases and the failover with Distributed Data only, for a quick look.
     #[arg(long)]
     pub quick: bool,
+    /// Run only these workloads, comma-separated (each ask workload on one node and on two)
+    /// [default: all].
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "WORKLOAD")]
+    pub only: Vec<ShardingWorkloadKind>,
     /// Directory for the nodes' data (created, then removed) [default: a fresh directory in
     /// the system temp dir]. Put it on the disk you want to measure.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+}
+
+/// The workloads of `tessera bench sharding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShardingWorkloadKind {
+    /// `query-*`: asks that persist nothing.
+    Query,
+    /// `persist-always-*`: deposits, the journal fsyncing every write.
+    PersistAlways,
+    /// `persist-never-*`: deposits, the journal never fsyncing.
+    PersistNever,
+    /// `failover-*`: the coordinator's node killed.
+    Failover,
 }
 
 #[cfg(test)]
@@ -922,5 +939,26 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn bench_sharding_only_takes_a_list_of_workloads() {
+        match parse(&["bench", "sharding", "--only", "persist-never,failover"]).command {
+            Command::Bench(BenchCommand::Sharding(a)) => assert_eq!(
+                a.only,
+                [
+                    ShardingWorkloadKind::PersistNever,
+                    ShardingWorkloadKind::Failover
+                ]
+            ),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["bench", "sharding"]).command {
+            Command::Bench(BenchCommand::Sharding(a)) => assert!(a.only.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            Cli::try_parse_from(["tessera", "bench", "sharding", "--only", "persist"]).is_err()
+        );
     }
 }

@@ -211,11 +211,14 @@ async fn run(cli: Cli) -> ExitCode {
             let dir = args.dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("tessera-bench-sharding-{}", std::process::id()))
             });
-            let params = if args.quick {
+            let mut params = if args.quick {
                 tessera::bench::sharding::ShardingBenchParams::quick(dir)
             } else {
                 tessera::bench::sharding::ShardingBenchParams::full(dir)
             };
+            if !args.only.is_empty() {
+                params.only(&args.only);
+            }
             match tessera::bench::sharding::run(params, args.json).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {

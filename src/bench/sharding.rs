@@ -30,6 +30,7 @@
 //!   removed it, and until the last entity answered.
 
 use super::{percentile, print_json_row, progress};
+use crate::cli::ShardingWorkloadKind;
 use crate::config::{ClusterSecret, NodeConfig, StateStoreMode};
 use crate::entities::JsonShardHost;
 use crate::entities::account::{Account, Balance};
@@ -63,6 +64,51 @@ pub struct ShardingBenchParams {
     pub failover_modes: Vec<StateStoreMode>,
     /// Where the nodes' data goes (a fresh directory, removed afterwards).
     pub dir: PathBuf,
+    /// The ask workloads run, on one node and on two; empty runs none.
+    pub asks: Vec<AskWorkload>,
+}
+
+/// An ask workload of the benchmark, run on one node and on two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskWorkload {
+    /// `query`: `{"get": null}`, nothing persisted.
+    Query,
+    /// `persist-always`: `{"deposit": 1}`, the journal fsyncing every write.
+    PersistAlways,
+    /// `persist-never`: `{"deposit": 1}`, the journal never fsyncing.
+    PersistNever,
+}
+
+impl AskWorkload {
+    pub const ALL: [AskWorkload; 3] = [
+        AskWorkload::Query,
+        AskWorkload::PersistAlways,
+        AskWorkload::PersistNever,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            AskWorkload::Query => "query",
+            AskWorkload::PersistAlways => "persist-always",
+            AskWorkload::PersistNever => "persist-never",
+        }
+    }
+
+    fn payload(self) -> &'static [u8] {
+        match self {
+            AskWorkload::Query => QUERY,
+            AskWorkload::PersistAlways | AskWorkload::PersistNever => DEPOSIT,
+        }
+    }
+
+    /// The fsync policy of the cluster it runs on (a query persists nothing: it runs on the
+    /// fsync-always cluster, before the persisted asks).
+    fn fsync(self) -> FsyncPolicy {
+        match self {
+            AskWorkload::Query | AskWorkload::PersistAlways => FsyncPolicy::Always,
+            AskWorkload::PersistNever => FsyncPolicy::Never,
+        }
+    }
 }
 
 impl ShardingBenchParams {
@@ -75,6 +121,21 @@ impl ShardingBenchParams {
             phase: Duration::from_secs(8),
             failover_modes: vec![StateStoreMode::Ddata, StateStoreMode::Persistence],
             dir,
+            asks: AskWorkload::ALL.to_vec(),
+        }
+    }
+
+    /// Keeps only the workloads named (each ask workload still runs on one node and on two).
+    pub fn only(&mut self, kinds: &[ShardingWorkloadKind]) {
+        self.asks.retain(|ask| {
+            kinds.contains(&match ask {
+                AskWorkload::Query => ShardingWorkloadKind::Query,
+                AskWorkload::PersistAlways => ShardingWorkloadKind::PersistAlways,
+                AskWorkload::PersistNever => ShardingWorkloadKind::PersistNever,
+            })
+        });
+        if !kinds.contains(&ShardingWorkloadKind::Failover) {
+            self.failover_modes.clear();
         }
     }
 
@@ -226,12 +287,15 @@ async fn run_workloads(
     }
     for nodes in [1, 2] {
         for fsync in [FsyncPolicy::Always, FsyncPolicy::Never] {
-            let workloads: &[(&str, &[u8])] = match fsync {
-                // A query persists nothing: one measurement, on the fsync-always cluster.
-                FsyncPolicy::Always => &[("query", QUERY), ("persist-always", DEPOSIT)],
-                FsyncPolicy::Never => &[("persist-never", DEPOSIT)],
-            };
-            let rows = ask_workloads(params, &ids, nodes, fsync, workloads).await?;
+            let workloads: Vec<(&str, &[u8])> = AskWorkload::ALL
+                .into_iter()
+                .filter(|w| w.fsync() == fsync && params.asks.contains(w))
+                .map(|w| (w.name(), w.payload()))
+                .collect();
+            if workloads.is_empty() {
+                continue;
+            }
+            let rows = ask_workloads(params, &ids, nodes, fsync, &workloads).await?;
             for mut row in rows {
                 row.vs_one_node = (nodes > 1)
                     .then(|| {
@@ -877,6 +941,7 @@ mod tests {
             phase: Duration::from_millis(200),
             failover_modes: vec![StateStoreMode::Ddata],
             dir: dir.path().join("bench"),
+            asks: AskWorkload::ALL.to_vec(),
         };
         let report = run(params.clone(), true).await.unwrap();
         let names: Vec<&str> = report.asks.iter().map(|r| r.workload.as_str()).collect();
@@ -903,5 +968,28 @@ mod tests {
             !params.dir.exists(),
             "the benchmark leaves its directory behind"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_workloads_named_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut params = ShardingBenchParams {
+            entities: 10,
+            callers: 2,
+            phase: Duration::from_millis(100),
+            ..ShardingBenchParams::quick(dir.path().join("bench"))
+        };
+        params.only(&[ShardingWorkloadKind::PersistNever]);
+        assert!(params.failover_modes.is_empty());
+        let report = run(params, true).await.unwrap();
+        let names: Vec<&str> = report.asks.iter().map(|r| r.workload.as_str()).collect();
+        assert_eq!(names, ["persist-never-1node", "persist-never-2nodes"]);
+        assert!(report.asks[1].vs_one_node.is_some());
+        assert!(report.failovers.is_empty());
+
+        let mut params = ShardingBenchParams::full(dir.path().join("other"));
+        params.only(&[ShardingWorkloadKind::Query, ShardingWorkloadKind::Failover]);
+        assert_eq!(params.asks, [AskWorkload::Query]);
+        assert_eq!(params.failover_modes.len(), 2);
     }
 }
