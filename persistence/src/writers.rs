@@ -66,6 +66,11 @@ const MAX_MAINTENANCE_WRITERS: usize = 64;
 /// load, the calls of many logs to one node then leave in one message (as a journal's group
 /// commit gathers many writes into one sync); a lone call leaves at once.
 const MAX_HANDLED_PER_FLUSH: usize = 256;
+/// A turn that handled fewer commands and answers than this, with calls to send, lets the
+/// other tasks ready to run go first, once, before it sends them: under load the commands
+/// they make then join its messages (two nodes made a message per five events without it),
+/// and a lone call on an idle node still leaves at once.
+const YIELD_BELOW_HANDLED: usize = 8;
 /// Calls in one message to a node, at most (well below a replica service's in-flight
 /// limit, which a batch must fit).
 const MAX_BATCH_CALLS: usize = 512;
@@ -410,6 +415,7 @@ impl Actor {
             }
             // Whatever else is ready joins this turn, so that its calls share messages.
             let mut handled = 1;
+            let mut yielded = false;
             while handled < MAX_HANDLED_PER_FLUSH {
                 if membership_open && membership.has_changed().unwrap_or(false) {
                     break;
@@ -418,6 +424,13 @@ impl Actor {
                     self.on_answers(batch);
                 } else if let Ok(command) = commands.try_recv() {
                     self.on_command(command);
+                } else if !yielded && handled < YIELD_BELOW_HANDLED && !self.outboxes.is_empty() {
+                    // The tasks ready to run (entities whose commands are on their way, say)
+                    // go first, once: their commands join this turn's messages rather than
+                    // leaving in messages of their own. Without other work it costs nothing.
+                    yielded = true;
+                    tokio::task::yield_now().await;
+                    continue;
                 } else {
                     break;
                 }
