@@ -285,29 +285,29 @@ async fn run_workloads(
             "vs_1node"
         );
     }
-    for nodes in [1, 2] {
-        for fsync in [FsyncPolicy::Always, FsyncPolicy::Never] {
-            let workloads: Vec<(&str, &[u8])> = AskWorkload::ALL
-                .into_iter()
-                .filter(|w| w.fsync() == fsync && params.asks.contains(w))
-                .map(|w| (w.name(), w.payload()))
-                .collect();
-            if workloads.is_empty() {
-                continue;
-            }
-            let rows = ask_workloads(params, &ids, nodes, fsync, &workloads).await?;
-            for mut row in rows {
-                row.vs_one_node = (nodes > 1)
-                    .then(|| {
-                        let one = row.workload.replace(&nodes_label(nodes), &nodes_label(1));
-                        report.asks.iter().find(|r| r.workload == one)
-                    })
-                    .flatten()
-                    .filter(|one| one.sharded_per_s > 0.0)
-                    .map(|one| row.sharded_per_s / one.sharded_per_s);
-                print_ask_row(&row, json);
-                report.asks.push(row);
-            }
+    for fsync in [FsyncPolicy::Always, FsyncPolicy::Never] {
+        let workloads: Vec<(&str, &[u8])> = AskWorkload::ALL
+            .into_iter()
+            .filter(|w| w.fsync() == fsync && params.asks.contains(w))
+            .map(|w| (w.name(), w.payload()))
+            .collect();
+        if workloads.is_empty() {
+            continue;
+        }
+        let rows = ask_workloads(params, &ids, fsync, &workloads).await?;
+        for mut row in rows {
+            row.vs_one_node = (row.nodes > 1)
+                .then(|| {
+                    let one = row
+                        .workload
+                        .replace(&nodes_label(row.nodes), &nodes_label(1));
+                    report.asks.iter().find(|r| r.workload == one)
+                })
+                .flatten()
+                .filter(|one| one.sharded_per_s > 0.0)
+                .map(|one| row.sharded_per_s / one.sharded_per_s);
+            print_ask_row(&row, json);
+            report.asks.push(row);
         }
     }
     for (i, &mode) in params.failover_modes.iter().enumerate() {
@@ -657,14 +657,24 @@ async fn ask_phase(
     Ok(())
 }
 
-/// One cluster of `nodes` nodes with `fsync`, and the given ask workloads on it.
-async fn ask_workloads(
+/// A started cluster with its entities running, and the two routes the callers ask by.
+struct AskCluster {
+    nodes: usize,
+    label: String,
+    cluster: Vec<RunningNode>,
+    sharded: Route,
+    direct: Route,
+    /// Deposits answered on this cluster so far: what its balances must add up to.
+    deposits_expected: u64,
+}
+
+/// Starts a cluster of `nodes` nodes with `fsync` and runs the entities on it.
+async fn start_ask_cluster(
     params: &ShardingBenchParams,
     ids: &Arc<[String]>,
     nodes: usize,
     fsync: FsyncPolicy,
-    workloads: &[(&str, &'static [u8])],
-) -> Result<Vec<AskRow>, ShardingBenchError> {
+) -> Result<AskCluster, ShardingBenchError> {
     let label = nodes_label(nodes);
     progress(&format!(
         "{label}, fsync {}: starting the cluster",
@@ -682,7 +692,7 @@ async fn ask_workloads(
         NO_REBALANCE,
     )
     .await?;
-    let result = async {
+    let routes = async {
         // The callers are on the last node: with two, on the second.
         let caller = &cluster[nodes - 1];
         progress(&format!("{label}: starting {} entities", ids.len()));
@@ -701,28 +711,87 @@ async fn ask_workloads(
                     .ok_or_else(|| other(format!("no {TYPE_NAME} host on a node")))
             })
             .collect::<Result<Arc<[_]>, _>>()?;
-        let sharded = Route::Sharded(caller.sharding.clone());
         let direct = Route::Direct {
             hosts,
             owners: owners.into(),
         };
-        let mut rows = Vec::new();
-        let mut deposits_expected = 0u64;
-        for &(name, payload) in workloads {
-            let workload = format!("{name}-{label}");
-            let phase = params.phase / ROUNDS;
-            progress(&format!(
-                "{workload}: {ROUNDS} rounds of {phase:?} sharded and {phase:?} direct, {} callers",
-                params.callers
-            ));
-            let (mut sharded_samples, mut direct_samples) =
-                (Samples::default(), Samples::default());
-            for round in 0..ROUNDS {
+        Ok((Route::Sharded(caller.sharding.clone()), direct))
+    }
+    .await;
+    match routes {
+        Ok((sharded, direct)) => Ok(AskCluster {
+            nodes,
+            label,
+            cluster,
+            sharded,
+            direct,
+            deposits_expected: 0,
+        }),
+        Err(e) => {
+            stop_cluster(cluster).await;
+            Err(e)
+        }
+    }
+}
+
+/// The given ask workloads on a one-node and a two-node cluster with `fsync`, both running at
+/// once: each workload's rounds alternate between the clusters and between the sharded and
+/// the direct side, so that a change of the machine's speed during the run weighs on the
+/// one-node and the two-node figures alike. Only one cluster is asked at a time.
+async fn ask_workloads(
+    params: &ShardingBenchParams,
+    ids: &Arc<[String]>,
+    fsync: FsyncPolicy,
+    workloads: &[(&str, &'static [u8])],
+) -> Result<Vec<AskRow>, ShardingBenchError> {
+    let mut clusters = Vec::new();
+    for nodes in [1, 2] {
+        match start_ask_cluster(params, ids, nodes, fsync).await {
+            Ok(cluster) => clusters.push(cluster),
+            Err(e) => {
+                for cluster in clusters {
+                    stop_cluster(cluster.cluster).await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    let result = ask_rounds(params, ids, &mut clusters, workloads).await;
+    for cluster in clusters {
+        stop_cluster(cluster.cluster).await;
+    }
+    result
+}
+
+async fn ask_rounds(
+    params: &ShardingBenchParams,
+    ids: &Arc<[String]>,
+    clusters: &mut [AskCluster],
+    workloads: &[(&str, &'static [u8])],
+) -> Result<Vec<AskRow>, ShardingBenchError> {
+    let mut rows = Vec::new();
+    for &(name, payload) in workloads {
+        let phase = params.phase / ROUNDS;
+        progress(&format!(
+            "{name}: {ROUNDS} rounds of {phase:?} sharded and {phase:?} direct on each cluster, \
+             {} callers",
+            params.callers
+        ));
+        // Per cluster: (sharded, direct).
+        let mut samples: Vec<(Samples, Samples)> =
+            clusters.iter().map(|_| Default::default()).collect();
+        for round in 0..ROUNDS as usize {
+            let count = clusters.len();
+            for turn in 0..count {
+                // S B, B S, ... on each cluster, the clusters' order turning each round.
+                let index = (turn + round) % count;
+                let cluster = &clusters[index];
+                let workload = format!("{name}-{}", cluster.label);
                 for side in [round % 2, 1 - round % 2] {
                     let (route, samples) = if side == 0 {
-                        (&sharded, &mut sharded_samples)
+                        (&cluster.sharded, &mut samples[index].0)
                     } else {
-                        (&direct, &mut direct_samples)
+                        (&cluster.direct, &mut samples[index].1)
                     };
                     ask_phase(
                         &workload,
@@ -736,19 +805,30 @@ async fn ask_workloads(
                     .await?;
                 }
             }
+        }
+        for (cluster, (sharded, direct)) in clusters.iter_mut().zip(samples.iter_mut()) {
+            let workload = format!("{name}-{}", cluster.label);
             if payload == DEPOSIT {
-                deposits_expected +=
-                    (sharded_samples.latencies_us.len() + direct_samples.latencies_us.len()) as u64;
-                check_balances(&workload, &caller.sharding, ids, deposits_expected, params).await?;
+                cluster.deposits_expected +=
+                    (sharded.latencies_us.len() + direct.latencies_us.len()) as u64;
+                let caller = &cluster.cluster[cluster.nodes - 1];
+                check_balances(
+                    &workload,
+                    &caller.sharding,
+                    ids,
+                    cluster.deposits_expected,
+                    params,
+                )
+                .await?;
             }
-            for samples in [&mut sharded_samples, &mut direct_samples] {
+            for samples in [&mut *sharded, &mut *direct] {
                 samples.latencies_us.sort_by(f64::total_cmp);
             }
-            let (s, d) = (&sharded_samples, &direct_samples);
+            let (s, d) = (&*sharded, &*direct);
             rows.push(AskRow {
                 bench: "sharding",
                 workload,
-                nodes,
+                nodes: cluster.nodes,
                 sharded_per_s: s.per_s(),
                 sharded_p50_us: s.percentile_us(0.5),
                 sharded_p99_us: s.percentile_us(0.99),
@@ -759,11 +839,8 @@ async fn ask_workloads(
                 vs_one_node: None,
             });
         }
-        Ok(rows)
     }
-    .await;
-    stop_cluster(cluster).await;
-    result
+    Ok(rows)
 }
 
 /// Every deposit answered is in a balance, and no other: the balances add up to `expected`.
@@ -949,10 +1026,10 @@ mod tests {
             names,
             [
                 "query-1node",
-                "persist-always-1node",
-                "persist-never-1node",
                 "query-2nodes",
+                "persist-always-1node",
                 "persist-always-2nodes",
+                "persist-never-1node",
                 "persist-never-2nodes"
             ]
         );
