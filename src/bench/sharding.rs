@@ -18,9 +18,12 @@
 //! node's entities cross the transport. Sharded side: [`Sharding::ask`] on the callers' node.
 //! Baseline: the same command bytes given straight to the entity host of the node that runs
 //! the entity (the byte-level JSON host a region delivers to), on the same nodes, the same live
-//! entities and the same journal; no region, no coordinator, no transport. The two sides
-//! alternate in four rounds (S B, B S, S B, B S) so that both see the same disk. Rebalancing
-//! waits an hour, so that the entities stay where the baseline asks them.
+//! entities and the same journal; no region, no coordinator, no transport. The one-node and
+//! the two-node cluster of an fsync policy run at once (only one is asked at a time), and a
+//! workload's four rounds go over both clusters, each side of each once a round (S B, B S,
+//! S B, B S on each, the clusters taking turns first), so that all four figures see the same
+//! disk and the same drift of the machine's speed. Rebalancing waits an hour, so that the
+//! entities stay where the baseline asks them.
 //!
 //! - `failover-<state_store_mode>`: three nodes (`stable_after = 2s`, otherwise a node's
 //!   defaults), the 1,000 entities spread over them; the node that runs the coordinator (the
