@@ -25,7 +25,11 @@ have_libclang() {
   # bindgen loads libclang.so or libclang-<version>.so (package libclang1-N), not
   # libclang-cpp; each directory is tried on its own, since ls fails when any one is absent.
   local dir
-  for dir in ${LIBCLANG_PATH:-} /usr/lib/llvm-*/lib /usr/lib/x86_64-linux-gnu \
+  # clang-sys also takes LIBCLANG_PATH naming the library file itself.
+  if [ -n "${LIBCLANG_PATH:-}" ] && [ -f "$LIBCLANG_PATH" ]; then
+    return 0
+  fi
+  for dir in "${LIBCLANG_PATH:-/nonexistent}" /usr/lib/llvm-*/lib /usr/lib/x86_64-linux-gnu \
              /usr/lib/aarch64-linux-gnu /usr/lib64; do
     if compgen -G "$dir/libclang.so*" >/dev/null || compgen -G "$dir/libclang-[0-9]*.so*" >/dev/null; then
       return 0

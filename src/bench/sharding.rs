@@ -274,7 +274,7 @@ async fn run_workloads(
 ) -> Result<ShardingBenchReport, ShardingBenchError> {
     let ids: Arc<[String]> = (0..params.entities).map(|i| format!("bench-{i}")).collect();
     let mut report = ShardingBenchReport::default();
-    if !json {
+    if !json && !params.asks.is_empty() {
         println!(
             "{:<22} {:>13} {:>8} {:>8} {:>12} {:>8} {:>8} {:>6} {:>8}",
             "workload",
@@ -432,18 +432,28 @@ async fn start_cluster(
             rebalance_interval,
             ..NodeConfig::default()
         };
-        let node = node::start_with_fsync(&config, fsync)
-            .await
-            .map_err(|source| ShardingBenchError::Start { index, source })?;
-        if index == 0 {
+        let node = match node::start_with_fsync(&config, fsync).await {
+            Ok(node) => node,
+            Err(source) => {
+                stop_cluster(nodes).await;
+                return Err(ShardingBenchError::Start { index, source });
+            }
+        };
+        let formed = if index == 0 {
             node.cluster
                 .join(node.cluster_address().clone())
                 .await
-                .map_err(|e| other(format!("the first node cannot form the cluster: {e}")))?;
-        }
+                .map_err(|e| other(format!("the first node cannot form the cluster: {e}")))
+        } else {
+            Ok(())
+        };
         nodes.push(node);
+        if let Err(e) = formed {
+            stop_cluster(nodes).await;
+            return Err(e);
+        }
     }
-    wait_until(
+    let formed = wait_until(
         &format!("{size} nodes Up with their regions registered"),
         SETUP_TIMEOUT,
         || {
@@ -458,8 +468,14 @@ async fn start_cluster(
             })
         },
     )
-    .await?;
-    Ok(nodes)
+    .await;
+    match formed {
+        Ok(_) => Ok(nodes),
+        Err(e) => {
+            stop_cluster(nodes).await;
+            Err(e)
+        }
+    }
 }
 
 /// Stops every node at once, without handing shards off (the run is over).
@@ -625,29 +641,28 @@ async fn ask_phase(
 ) -> Result<(), ShardingBenchError> {
     let started = Instant::now();
     let deadline = started + duration;
-    let tasks: Vec<_> = (0..callers)
-        .map(|_| {
-            let route = route.clone();
-            let ids = ids.clone();
-            tokio::spawn(async move {
-                let mut rng = SmallRng::seed_from_u64(rand::random());
-                let mut latencies_us = Vec::new();
-                while Instant::now() < deadline {
-                    let entity = rng.random_range(0..ids.len());
-                    let asked = Instant::now();
-                    route
-                        .ask(entity, &ids[entity], payload)
-                        .await
-                        .map_err(|failure| (ids[entity].clone(), failure))?;
-                    latencies_us.push(asked.elapsed().as_secs_f64() * 1e6);
-                }
-                Ok::<_, (String, AskFailure)>(latencies_us)
-            })
-        })
-        .collect();
-    for task in tasks {
+    // Dropped on the first failure: the other callers stop asking then.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..callers {
+        let route = route.clone();
+        let ids = ids.clone();
+        tasks.spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(rand::random());
+            let mut latencies_us = Vec::new();
+            while Instant::now() < deadline {
+                let entity = rng.random_range(0..ids.len());
+                let asked = Instant::now();
+                route
+                    .ask(entity, &ids[entity], payload)
+                    .await
+                    .map_err(|failure| (ids[entity].clone(), failure))?;
+                latencies_us.push(asked.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok::<_, (String, AskFailure)>(latencies_us)
+        });
+    }
+    while let Some(task) = tasks.join_next().await {
         let latencies_us = task
-            .await
             .map_err(|e| other(format!("{workload}: a caller task failed: {e}")))?
             .map_err(|(entity, failure)| ShardingBenchError::Ask {
                 workload: workload.to_string(),
