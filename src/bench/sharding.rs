@@ -68,49 +68,27 @@ pub struct ShardingBenchParams {
     /// Where the nodes' data goes (a fresh directory, removed afterwards).
     pub dir: PathBuf,
     /// The ask workloads run, on one node and on two; empty runs none.
-    pub asks: Vec<AskWorkload>,
+    pub asks: Vec<ShardingWorkloadKind>,
 }
 
-/// An ask workload of the benchmark, run on one node and on two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AskWorkload {
-    /// `query`: `{"get": null}`, nothing persisted.
-    Query,
-    /// `persist-always`: `{"deposit": 1}`, the journal fsyncing every write.
-    PersistAlways,
-    /// `persist-never`: `{"deposit": 1}`, the journal never fsyncing.
-    PersistNever,
-}
+/// The ask workloads, each run on one node and on two, in the order they run.
+pub const ASK_WORKLOADS: [ShardingWorkloadKind; 3] = [
+    ShardingWorkloadKind::Query,
+    ShardingWorkloadKind::PersistAlways,
+    ShardingWorkloadKind::PersistNever,
+];
 
-impl AskWorkload {
-    pub const ALL: [AskWorkload; 3] = [
-        AskWorkload::Query,
-        AskWorkload::PersistAlways,
-        AskWorkload::PersistNever,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            AskWorkload::Query => "query",
-            AskWorkload::PersistAlways => "persist-always",
-            AskWorkload::PersistNever => "persist-never",
+/// An ask workload's name, command and the fsync policy of the cluster it runs on (a query
+/// persists nothing: it runs on the fsync-always cluster, before the persisted asks); none
+/// for the failover.
+fn ask_workload(kind: ShardingWorkloadKind) -> Option<(&'static str, &'static [u8], FsyncPolicy)> {
+    match kind {
+        ShardingWorkloadKind::Query => Some(("query", QUERY, FsyncPolicy::Always)),
+        ShardingWorkloadKind::PersistAlways => {
+            Some(("persist-always", DEPOSIT, FsyncPolicy::Always))
         }
-    }
-
-    fn payload(self) -> &'static [u8] {
-        match self {
-            AskWorkload::Query => QUERY,
-            AskWorkload::PersistAlways | AskWorkload::PersistNever => DEPOSIT,
-        }
-    }
-
-    /// The fsync policy of the cluster it runs on (a query persists nothing: it runs on the
-    /// fsync-always cluster, before the persisted asks).
-    fn fsync(self) -> FsyncPolicy {
-        match self {
-            AskWorkload::Query | AskWorkload::PersistAlways => FsyncPolicy::Always,
-            AskWorkload::PersistNever => FsyncPolicy::Never,
-        }
+        ShardingWorkloadKind::PersistNever => Some(("persist-never", DEPOSIT, FsyncPolicy::Never)),
+        ShardingWorkloadKind::Failover => None,
     }
 }
 
@@ -124,19 +102,13 @@ impl ShardingBenchParams {
             phase: Duration::from_secs(8),
             failover_modes: vec![StateStoreMode::Ddata, StateStoreMode::Persistence],
             dir,
-            asks: AskWorkload::ALL.to_vec(),
+            asks: ASK_WORKLOADS.to_vec(),
         }
     }
 
     /// Keeps only the workloads named (each ask workload still runs on one node and on two).
     pub fn only(&mut self, kinds: &[ShardingWorkloadKind]) {
-        self.asks.retain(|ask| {
-            kinds.contains(&match ask {
-                AskWorkload::Query => ShardingWorkloadKind::Query,
-                AskWorkload::PersistAlways => ShardingWorkloadKind::PersistAlways,
-                AskWorkload::PersistNever => ShardingWorkloadKind::PersistNever,
-            })
-        });
+        self.asks.retain(|ask| kinds.contains(ask));
         if !kinds.contains(&ShardingWorkloadKind::Failover) {
             self.failover_modes.clear();
         }
@@ -289,10 +261,12 @@ async fn run_workloads(
         );
     }
     for fsync in [FsyncPolicy::Always, FsyncPolicy::Never] {
-        let workloads: Vec<(&str, &[u8])> = AskWorkload::ALL
+        let workloads: Vec<(&str, &[u8])> = ASK_WORKLOADS
             .into_iter()
-            .filter(|w| w.fsync() == fsync && params.asks.contains(w))
-            .map(|w| (w.name(), w.payload()))
+            .filter(|w| params.asks.contains(w))
+            .filter_map(ask_workload)
+            .filter(|&(_, _, policy)| policy == fsync)
+            .map(|(name, payload, _)| (name, payload))
             .collect();
         if workloads.is_empty() {
             continue;
@@ -1036,7 +1010,7 @@ mod tests {
             phase: Duration::from_millis(200),
             failover_modes: vec![StateStoreMode::Ddata],
             dir: dir.path().join("bench"),
-            asks: AskWorkload::ALL.to_vec(),
+            asks: ASK_WORKLOADS.to_vec(),
         };
         let report = run(params.clone(), true).await.unwrap();
         let names: Vec<&str> = report.asks.iter().map(|r| r.workload.as_str()).collect();
@@ -1084,7 +1058,7 @@ mod tests {
 
         let mut params = ShardingBenchParams::full(dir.path().join("other"));
         params.only(&[ShardingWorkloadKind::Query, ShardingWorkloadKind::Failover]);
-        assert_eq!(params.asks, [AskWorkload::Query]);
+        assert_eq!(params.asks, [ShardingWorkloadKind::Query]);
         assert_eq!(params.failover_modes.len(), 2);
     }
 }
