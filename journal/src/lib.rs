@@ -16,6 +16,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod journal;
+mod memory;
 mod record;
 mod rocks;
 
@@ -23,6 +24,7 @@ pub use config::JournalConfig;
 pub use entry::StoredEvent;
 pub use error::{JournalError, MAX_TAGS_PER_EVENT};
 pub use journal::{Journal, JournalStream, QueryMode};
+pub use memory::MemoryJournal;
 pub use record::{AtomicWrite, EventEnvelope, NewEvent, PersistentRepr, RECORD_FORMAT_VERSION};
 pub use rocks::{RocksJournal, STORE_FORMAT_VERSION, event_key, rocksdb_options, validate_write};
 /// The string type of the names in [`PersistentRepr`] and [`Manifest`].

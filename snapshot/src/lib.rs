@@ -8,10 +8,12 @@
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod memory;
 mod rocks;
 mod store;
 
 pub use error::SnapshotError;
+pub use memory::MemorySnapshotStore;
 pub use rocks::{RocksSnapshotStore, STORE_FORMAT_VERSION, SnapshotConfig};
 pub use store::{Snapshot, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore};
 pub use tessera_storage::{FsyncPolicy, Manifest, StoreFormatError};

@@ -388,6 +388,13 @@ impl RocksJournal {
     /// Finishes the writes queued so far, stops the writer and closes the journal. The
     /// database files are released once every stream reading from it has been dropped too.
     pub async fn close(self) {
+        self.finish_writes().await;
+    }
+
+    /// Finishes the writes queued so far and stops the writer, for a journal still shared
+    /// with tasks that have not let go of it yet: later writes fail with an error, and the
+    /// database files are released once the last of them drops it.
+    pub async fn finish_writes(&self) {
         let (reply, done) = oneshot::channel();
         // A full queue still gets the close request in: the blocking send waits (off the async
         // threads) for as long as the writes ahead of it take.
