@@ -8,54 +8,12 @@
 //! convert) what the previous release stored.
 
 use crate::entity::EntityType;
+pub use crate::error::CodecError;
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::marker::PhantomData;
 use tessera_journal::Manifest;
-
-/// An event or state that cannot be encoded or decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CodecError {
-    /// No decoder for this manifest: written by another entity type or a newer release, or an
-    /// old version nobody taught the upcaster.
-    #[error(
-        "unknown manifest {found_type}@{found_version}: this release reads \
-         {expected_type}@{expected_version} and whatever the upcaster knows"
-    )]
-    UnknownManifest {
-        found_type: String,
-        found_version: u32,
-        expected_type: String,
-        expected_version: u32,
-    },
-    /// The payload does not decode as the manifest's type.
-    #[error("cannot decode {manifest_type}@{manifest_version}: {reason}")]
-    Decode {
-        manifest_type: String,
-        manifest_version: u32,
-        reason: String,
-    },
-    /// A value could not be encoded (e.g. a type postcard does not support).
-    #[error("cannot encode {manifest_type}: {reason}")]
-    Encode {
-        manifest_type: String,
-        reason: String,
-    },
-}
-
-impl CodecError {
-    /// The error for a manifest nobody can decode; upcasters return it for versions they do
-    /// not know.
-    pub fn unknown_manifest(found: &Manifest, expected_type: &str, expected_version: u32) -> Self {
-        CodecError::UnknownManifest {
-            found_type: found.type_name.to_string(),
-            found_version: found.version,
-            expected_type: expected_type.to_string(),
-            expected_version,
-        }
-    }
-}
 
 /// Decodes a postcard payload as `T`, naming the manifest on failure. Upcasters use it to read
 /// an old version's type before converting it.

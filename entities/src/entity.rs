@@ -1,7 +1,7 @@
 //! The programming model: an [`EntityType`] turns commands into an [`Effect`] and folds events
 //! into its state.
 
-use crate::codec::CodecError;
+use crate::error::CodecError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt;
@@ -16,6 +16,9 @@ use tessera_journal::Manifest;
 ///
 /// Both handlers must be pure and quick: they run on the entity's task, one command at a time,
 /// and the event handler runs again for every event at each recovery.
+///
+/// Commands, replies and rejections cross nodes in postcard too, under
+/// [`EntityType::MESSAGE_VERSION`]; JSON is only the HTTP API's.
 ///
 /// Events and state are stored with postcard and a manifest ([`EntityType::EVENT_MANIFEST`] and
 /// [`EntityType::EVENT_VERSION`], likewise for state). Data written under an older manifest
@@ -46,6 +49,11 @@ pub trait EntityType: Send + Sync + Sized + 'static {
     const STATE_MANIFEST: &'static str;
     /// The version of the state encoding this release writes.
     const STATE_VERSION: u32 = 1;
+    /// The version of the encoding of `Command`, `Reply` and `Rejection` between nodes
+    /// (postcard, like events): every command that crosses nodes carries it, and a node of
+    /// another version refuses the command rather than misread it. Bump it when one of the
+    /// three changes shape.
+    const MESSAGE_VERSION: u32 = 1;
 
     /// The state of an entity that has no events yet.
     fn initial_state(&self, entity_id: &str) -> Self::State;

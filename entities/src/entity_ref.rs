@@ -56,7 +56,8 @@ impl<E: EntityType> EntityRef<E> {
     pub fn ask(
         &self,
         command: E::Command,
-    ) -> impl Future<Output = Result<E::Reply, AskError<E::Rejection>>> + Send + 'static {
+    ) -> impl Future<Output = Result<E::Reply, AskError<E::Rejection>>> + Send + 'static + use<E>
+    {
         self.ask_with_timeout(command, self.timeout)
     }
 
@@ -65,7 +66,8 @@ impl<E: EntityType> EntityRef<E> {
         &self,
         command: E::Command,
         timeout: Duration,
-    ) -> impl Future<Output = Result<E::Reply, AskError<E::Rejection>>> + Send + 'static {
+    ) -> impl Future<Output = Result<E::Reply, AskError<E::Rejection>>> + Send + 'static + use<E>
+    {
         let (reply, answer) = oneshot::channel();
         let sent = self
             .partition

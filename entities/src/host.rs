@@ -8,6 +8,7 @@
 
 use crate::codec::Codec;
 use crate::config::{EntityConfig, InvalidConfig};
+use crate::counters::Counters;
 use crate::entity::EntityType;
 use crate::entity_ref::EntityRef;
 use crate::error::{AskError, EntityError};
@@ -16,7 +17,7 @@ use crate::lifecycle::{EntityLifecycle, LifecycleListener};
 use crate::partition::{Partition, PartitionInput, STOPPED_QUEUE_CAPACITY, partition_of};
 use crate::runner::HostContext;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tessera_journal::Journal;
 use tessera_snapshot::SnapshotStore;
@@ -40,17 +41,6 @@ pub struct HostStats {
     /// Live entities passivated because starting another would have exceeded
     /// `active_entity_limit` or the node budget.
     pub entities_evicted: u64,
-}
-
-/// Written by the partitions, read by [`EntityHost::stats`].
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub started: AtomicU64,
-    pub stopped: AtomicU64,
-    /// `Live` slots over all partitions.
-    pub active: AtomicU64,
-    pub handed_over: AtomicU64,
-    pub evicted: AtomicU64,
 }
 
 /// Hosts the entities of type `E` on this node. See the module documentation.
@@ -221,25 +211,28 @@ impl<E: EntityType> EntityHost<E> {
     /// particular order. Each partition answers from its own map (work proportional to its
     /// entities); the answers are taken one partition at a time, so an entity that starts or
     /// stops meanwhile may or may not appear. Empty once the host has shut down.
-    pub async fn live_entity_ids(&self) -> Vec<EntityId> {
-        let mut answers = Vec::with_capacity(self.partitions.len());
-        for partition in self.partitions.iter() {
-            let (reply, answer) = oneshot::channel();
-            if partition
-                .send(PartitionInput::LiveIds { reply })
-                .await
-                .is_ok()
-            {
-                answers.push(answer);
+    pub fn live_entity_ids(&self) -> impl Future<Output = Vec<EntityId>> + Send + 'static + use<E> {
+        let partitions = self.partitions.clone();
+        async move {
+            let mut answers = Vec::with_capacity(partitions.len());
+            for partition in partitions.iter() {
+                let (reply, answer) = oneshot::channel();
+                if partition
+                    .send(PartitionInput::LiveIds { reply })
+                    .await
+                    .is_ok()
+                {
+                    answers.push(answer);
+                }
             }
-        }
-        let mut ids = Vec::new();
-        for answer in answers {
-            if let Ok(some) = answer.await {
-                ids.extend(some);
+            let mut ids = Vec::new();
+            for answer in answers {
+                if let Ok(some) = answer.await {
+                    ids.extend(some);
+                }
             }
+            ids
         }
-        ids
     }
 
     /// Lifecycle counters.

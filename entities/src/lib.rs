@@ -1,5 +1,5 @@
 //! tessera-entities: event-sourced entities on the journal and the snapshot store
-//! (ARCHITECTURE §6).
+//! (docs/src/design.md §6).
 //!
 //! A user implements [`EntityType`]: a command handler that answers with an [`Effect`]
 //! (persist events then reply from the new state, reply, reject, stop) and an event handler
@@ -24,6 +24,7 @@
 mod budget;
 pub mod codec;
 pub mod config;
+mod counters;
 pub mod entity;
 mod entity_ref;
 pub mod error;

@@ -1,5 +1,5 @@
-//! The command/event loop of one entity as a plain state machine (ARCHITECTURE §2): inputs are
-//! recovery results, commands, write and snapshot outcomes, each with `now_ms` where it
+//! The command/event loop of one entity as a plain state machine (docs/src/design.md §2):
+//! inputs are recovery results, commands, write and snapshot outcomes, each with `now_ms` where it
 //! matters; outputs are [`Action`]s for the driver to carry out. It reads no clock, touches no
 //! store and spawns nothing, so tests drive it through any interleaving.
 //!
@@ -113,6 +113,9 @@ pub struct EntityMachine<E: EntityType, R> {
     stash: VecDeque<(E::Command, R)>,
     snapshot_in_flight: bool,
     snapshot_pending: bool,
+    /// Why the machine last failed (a recovery, say), for a driver with nobody waiting to
+    /// hear it from a reply.
+    failure: Option<EntityError>,
 }
 
 impl<E: EntityType, R> EntityMachine<E, R> {
@@ -138,6 +141,7 @@ impl<E: EntityType, R> EntityMachine<E, R> {
             stash: VecDeque::new(),
             snapshot_in_flight: false,
             snapshot_pending: false,
+            failure: None,
         }
     }
 
@@ -178,6 +182,11 @@ impl<E: EntityType, R> EntityMachine<E, R> {
     /// false when it is running or its handler asked it to stop.
     pub fn stopped_by_failure(&self) -> bool {
         matches!(self.phase, Phase::Stopped { failed: true })
+    }
+
+    /// Why the machine last failed (its recovery, say), if it did.
+    pub fn failure(&self) -> Option<&EntityError> {
+        self.failure.as_ref()
     }
 
     /// True when a write is in flight.
@@ -629,6 +638,7 @@ impl<E: EntityType, R> EntityMachine<E, R> {
 
     /// Answers `first` and every stashed command with `error`, and stops.
     fn fail(&mut self, error: EntityError, first: Option<R>, out: &mut Vec<Action<E, R>>) {
+        self.failure = Some(error.clone());
         for to in first
             .into_iter()
             .chain(self.stash.drain(..).map(|(_, to)| to))

@@ -28,9 +28,9 @@
 //! order of their last command and, before starting one more than its share of the limit or
 //! while the budget is full, evicts (passivates) the least recently used.
 
+use crate::counters::Counters;
 use crate::entity::EntityType;
 use crate::error::EntityError;
-use crate::host::Counters;
 use crate::id::EntityId;
 use crate::lifecycle::{EntityLifecycle, LifecycleListener, StopReason};
 use crate::lru::LruOrder;
