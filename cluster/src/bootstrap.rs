@@ -1,4 +1,4 @@
-//! Cluster Bootstrap's decision (ARCHITECTURE §3 "Bootstrap", seed 003): forming or joining a
+//! Cluster Bootstrap's decision (docs/src/design.md §3 "Bootstrap"): forming or joining a
 //! cluster from service discovery alone, without hand-picked seed nodes.
 //!
 //! A starting node discovers *contact points* (the HTTP addresses of its would-be peers, from a

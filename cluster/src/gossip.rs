@@ -136,8 +136,8 @@ impl Gossip {
             .collect()
     }
 
-    /// Gossip convergence (ARCHITECTURE §3): every member that is not Down or Exiting has seen
-    /// this version, and no such member is unreachable.
+    /// Gossip convergence (docs/src/design.md §3): every member that is not Down or Exiting
+    /// has seen this version, and no such member is unreachable.
     pub fn is_converged(&self) -> bool {
         let skip = |m: &Member| matches!(m.status, MemberStatus::Down | MemberStatus::Exiting);
         let all_seen = self

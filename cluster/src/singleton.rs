@@ -14,13 +14,12 @@ pub mod driver;
 pub mod manager;
 pub mod message;
 pub mod proxy;
+pub mod requests;
 pub mod settings;
 
-pub use driver::{
-    ClusterSingleton, InstanceContext, SingletonError, SingletonRequest, SingletonRequests,
-    SingletonResponder, SingletonStatus, Singletons,
-};
+pub use driver::{ClusterSingleton, InstanceContext, SingletonError, SingletonStatus, Singletons};
 pub use manager::{InstancePhase, MembershipView, SingletonEffect, SingletonManager};
 pub use message::{HandOver, HandOverKind};
 pub use proxy::{ProxyError, SingletonProxy};
+pub use requests::{SINGLETON_LANE, SingletonRequest, SingletonRequests, SingletonResponder};
 pub use settings::{SingletonSettings, SingletonSettingsError};

@@ -85,27 +85,6 @@ pub(crate) fn small_answer(request: &Request<StoredEvent>) -> bool {
     !matches!(request, Request::Prepare { .. } | Request::Read { .. })
 }
 
-/// About how many bytes a call takes on the wire (at least; strings and entries' fixed
-/// fields are counted with room to spare): a batch stays within its byte budget by it.
-pub(crate) fn call_size_estimate(call: &ReplicaCall) -> usize {
-    const OVERHEAD_BYTES: usize = 256;
-    let entries = match &call.request {
-        ReplicaRequest::Log(Request::Append { entries, .. }) => entries
-            .iter()
-            .map(|e| {
-                let event = &e.payload;
-                OVERHEAD_BYTES
-                    + event.payload.len()
-                    + event.writer_id.len()
-                    + event.manifest.len()
-                    + event.tags.iter().map(|t| t.len() + 8).sum::<usize>()
-            })
-            .sum(),
-        _ => 0,
-    };
-    OVERHEAD_BYTES + call.log.len() + entries
-}
-
 pub(crate) struct TransportCaller<T: Transport> {
     pub transport: Arc<T>,
     /// This node's replica, called directly.

@@ -1,4 +1,4 @@
-//! tessera-persistence: the replicated journal of a cluster member (ARCHITECTURE §5).
+//! tessera-persistence: the replicated journal of a cluster member (docs/src/design.md §5).
 //!
 //! Every node runs a replica service ([`service`]) over its [`ReplicaStore`], and writers
 //! ([`writers`]) for the logs its entities write, each a
@@ -78,8 +78,8 @@ pub struct Persistence {
     pub journal: Arc<ReplicatedJournal>,
     pub snapshots: Arc<ReplicatedSnapshotStore>,
     pub metrics: Arc<PersistenceMetrics>,
-    service: JoinHandle<()>,
-    maintenance: JoinHandle<()>,
+    /// The replica service's and the maintenance's tasks, taken by [`Persistence::stop`].
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Persistence {
@@ -151,14 +151,19 @@ impl Persistence {
             journal,
             snapshots,
             metrics,
-            service,
-            maintenance,
+            tasks: std::sync::Mutex::new(vec![service, maintenance]),
         })
     }
 
-    /// Stops serving replica calls and scanning for logs to move.
-    pub fn stop(self) {
-        self.service.abort();
-        self.maintenance.abort();
+    /// Stops serving replica calls and scanning for logs to move, and waits for both tasks to
+    /// end (so that they have let go of the stores). Later calls do nothing.
+    pub async fn stop(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
     }
 }

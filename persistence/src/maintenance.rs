@@ -1,5 +1,5 @@
 //! Re-replication of idle logs: a log whose configuration lost a member regains N copies
-//! whether or not an entity writes it (ARCHITECTURE §5 "Placement").
+//! whether or not an entity writes it (docs/src/design.md §5 "Placement").
 //!
 //! Every node scans the logs its own store holds, a page at a time. A log needs care when a
 //! member of its configuration is no longer a member of the cluster, or when that member's

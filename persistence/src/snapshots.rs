@@ -1,5 +1,5 @@
 //! [`ReplicatedSnapshotStore`]: snapshots saved on the replicas of their log, through the
-//! log's fenced writer (ARCHITECTURE §5 "Snapshots").
+//! log's fenced writer (docs/src/design.md §5 "Snapshots").
 //!
 //! A save goes to every member of the log's configuration under the writer's epoch and counts
 //! once W of them stored it: only then may the entity delete the events it covers. A replica

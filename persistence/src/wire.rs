@@ -116,7 +116,7 @@ impl ReplicaCalls {
 
     /// Encodes a batch of calls.
     pub fn encode_batch(calls: &[ReplicaCall]) -> Result<Vec<u8>, WireError> {
-        let capacity = calls.iter().map(crate::caller::call_size_estimate).sum();
+        let capacity = calls.iter().map(call_size_estimate).sum();
         encode(BATCH_WIRE_FORMAT_VERSION, calls, capacity)
     }
 }
@@ -190,11 +190,7 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, WireError> {
 
 impl ReplicaCall {
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
-        encode(
-            WIRE_FORMAT_VERSION,
-            self,
-            crate::caller::call_size_estimate(self),
-        )
+        encode(WIRE_FORMAT_VERSION, self, call_size_estimate(self))
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
@@ -210,6 +206,27 @@ impl ReplicaReply {
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         decode(bytes)
     }
+}
+
+/// About how many bytes a call takes on the wire (at least; strings and entries' fixed
+/// fields are counted with room to spare): a batch stays within its byte budget by it.
+pub(crate) fn call_size_estimate(call: &ReplicaCall) -> usize {
+    const OVERHEAD_BYTES: usize = 256;
+    let entries = match &call.request {
+        ReplicaRequest::Log(Request::Append { entries, .. }) => entries
+            .iter()
+            .map(|e| {
+                let event = &e.payload;
+                OVERHEAD_BYTES
+                    + event.payload.len()
+                    + event.writer_id.len()
+                    + event.manifest.len()
+                    + event.tags.iter().map(|t| t.len() + 8).sum::<usize>()
+            })
+            .sum(),
+        _ => 0,
+    };
+    OVERHEAD_BYTES + call.log.len() + entries
 }
 
 #[cfg(test)]

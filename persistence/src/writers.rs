@@ -6,9 +6,10 @@
 //! date with the cluster's membership. Idle writers are dropped after a while (the next use
 //! of the log recovers it again, under a new epoch), and at most `max_writers` are kept.
 
-use crate::caller::{CallResult, ReplicaCaller, call_size_estimate, small_answer};
+use crate::caller::{CallResult, ReplicaCaller, small_answer};
 use crate::known_stores::KnownStores;
 use crate::metrics::PersistenceMetrics;
+use crate::wire::call_size_estimate;
 use crate::wire::{ReplicaCall, ReplicaRequest};
 use futures::FutureExt;
 use smol_str::SmolStr;

@@ -15,18 +15,19 @@
 use super::manager::{InstancePhase, MembershipView, SingletonEffect, SingletonManager};
 use super::message::{HandOver, ProxyReply, SingletonFrame};
 use super::proxy::{self, SingletonProxy};
+use super::requests::{
+    Route, RouterCommand, SINGLETON_LANE, SingletonRequest, SingletonRequests, SingletonResponder,
+};
 use super::settings::{SingletonSettings, SingletonSettingsError, validate_name};
 use crate::address::UniqueAddress;
 use crate::node::ClusterSnapshot;
-use crate::transport::{
-    Inbound, Lane, RemoteError, Responder, SendError, Transport, TransportError, services,
-};
+use crate::transport::{Inbound, RemoteError, Transport, TransportError, services};
 use bytes::Bytes;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -39,10 +40,6 @@ pub const SERVICE_QUEUE_CAPACITY: usize = 1024;
 pub const HAND_OVER_QUEUE_CAPACITY: usize = 64;
 /// Bound of the router's command queue (registrations and same-node proxy requests).
 pub const ROUTER_COMMAND_CAPACITY: usize = 1024;
-
-/// Lane of all singleton traffic: hand-overs and the proxies' requests are small control
-/// messages that must not wait behind replication's bulk data.
-pub const SINGLETON_LANE: Lane = Lane::Control;
 
 /// Why a singleton or proxy could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -78,71 +75,6 @@ fn incr(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// One request from a proxy, for the running instance.
-#[derive(Debug)]
-pub struct SingletonRequest {
-    pub payload: Bytes,
-    pub responder: SingletonResponder,
-}
-
-/// The way back to a proxy, good for one answer. Dropping it unanswered tells the caller
-/// the request was dropped (outcome unknown).
-#[derive(Debug)]
-pub struct SingletonResponder(ResponderKind);
-
-#[derive(Debug)]
-enum ResponderKind {
-    Remote(Responder),
-    Local(oneshot::Sender<ProxyReply>),
-}
-
-impl SingletonResponder {
-    /// Sends the instance's answer to the caller.
-    pub fn respond(self, payload: Bytes) -> Result<(), SendError> {
-        self.reply(ProxyReply::Answer(payload))
-    }
-
-    pub(crate) fn local(reply: oneshot::Sender<ProxyReply>) -> Self {
-        Self(ResponderKind::Local(reply))
-    }
-
-    fn reply(self, reply: ProxyReply) -> Result<(), SendError> {
-        match self.0 {
-            ResponderKind::Remote(responder) => responder.respond(reply.encode()),
-            ResponderKind::Local(sender) => sender.send(reply).map_err(|_| SendError::Closed),
-        }
-    }
-}
-
-/// The running instance's queue of requests. Dropping it (the instance terminating) answers
-/// every request still queued "not running here", so proxies send them to the next instance.
-#[derive(Debug)]
-pub struct SingletonRequests {
-    receiver: mpsc::Receiver<SingletonRequest>,
-}
-
-impl SingletonRequests {
-    /// The next request; None once the instance is being stopped and the queue is empty.
-    pub async fn recv(&mut self) -> Option<SingletonRequest> {
-        self.receiver.recv().await
-    }
-
-    /// The next request if one is queued.
-    pub fn try_recv(&mut self) -> Option<SingletonRequest> {
-        self.receiver.try_recv().ok()
-    }
-}
-
-impl Drop for SingletonRequests {
-    fn drop(&mut self) {
-        self.receiver.close();
-        while let Ok(request) = self.receiver.try_recv() {
-            // Best effort: a lost answer makes the proxy's request time out.
-            let _ = request.responder.reply(ProxyReply::NotRunningHere);
-        }
-    }
-}
-
 /// What the user's instance is started with.
 #[derive(Debug)]
 pub struct InstanceContext {
@@ -161,31 +93,6 @@ pub struct SingletonStatus {
     pub oldest: Option<UniqueAddress>,
     /// This node handed over or left: it will never run the instance again.
     pub retired: bool,
-}
-
-/// A route of the router: where one singleton's hand-overs and requests go.
-#[derive(Clone)]
-pub(crate) struct Route {
-    hand_over: mpsc::Sender<HandOver>,
-    /// The running instance's queue, None while none runs here.
-    instance: watch::Receiver<Option<mpsc::Sender<SingletonRequest>>>,
-    instance_queue_capacity: usize,
-}
-
-pub(crate) enum RouterCommand {
-    Register {
-        name: String,
-        route: Route,
-    },
-    Unregister {
-        name: String,
-    },
-    /// A request from a proxy on this node, for an instance on this node.
-    Local {
-        name: String,
-        payload: Bytes,
-        reply: oneshot::Sender<ProxyReply>,
-    },
 }
 
 /// The node's singleton service: every singleton and proxy of the node shares its one
@@ -492,9 +399,7 @@ impl<T: Transport> ManagerDriver<T> {
         let context = InstanceContext {
             name: self.manager.name().to_string(),
             stop: stop.clone(),
-            requests: SingletonRequests {
-                receiver: requests_rx,
-            },
+            requests: SingletonRequests::new(requests_rx),
         };
         tracing::info!(singleton = %self.manager.name(), node = %self.manager.self_node(), "starting the instance");
         let handle = (self.factory)(context);
@@ -605,11 +510,7 @@ impl Router {
             SingletonFrame::Request { name, payload } => {
                 // A one-way request has nobody to answer; it is dropped.
                 if let Some(reply) = inbound.reply {
-                    self.deliver(
-                        &name,
-                        payload,
-                        SingletonResponder(ResponderKind::Remote(reply)),
-                    );
+                    self.deliver(&name, payload, SingletonResponder::remote(reply));
                 }
             }
         }

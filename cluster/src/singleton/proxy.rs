@@ -12,9 +12,9 @@
 //! Only requests that certainly did not reach the instance are sent again. One that may have
 //! reached it and got no answer (timeout, dropped) fails with an error: the outcome is unknown.
 
-use super::driver::{RouterCommand, SINGLETON_LANE};
 use super::manager::oldest_eligible;
 use super::message::{ProxyReply, SingletonFrame};
+use super::requests::{RouterCommand, SINGLETON_LANE};
 use super::settings::SingletonSettings;
 use crate::address::Address;
 use crate::codec::DecodeError;

@@ -33,7 +33,12 @@ pub struct MemoryNetwork {
 struct NetworkState {
     endpoints: HashMap<Address, Arc<MemoryTransport>>,
     faults: LinkFaults,
+    tap: Option<FrameTap>,
 }
+
+/// Sees every frame a transport of the network sends (that the link faults let through), with
+/// its sender and destination: for tests that check what crosses between nodes.
+pub type FrameTap = Arc<dyn Fn(&UniqueAddress, &Address, &Frame) + Send + Sync>;
 
 impl MemoryNetwork {
     /// A network with healthy links whose random drops are reproducible from `seed`.
@@ -42,6 +47,7 @@ impl MemoryNetwork {
             state: Mutex::new(NetworkState {
                 endpoints: HashMap::new(),
                 faults: LinkFaults::new(seed),
+                tap: None,
             }),
         })
     }
@@ -129,8 +135,15 @@ impl MemoryNetwork {
         lock(&self.state).faults.set_delay(from, to, delay);
     }
 
-    fn decide(&self, from: &Address, to: &Address) -> LinkDecision {
-        lock(&self.state).faults.decide(from, to)
+    /// Shows every frame sent from now on to `tap` (None: to nobody).
+    pub fn set_tap(&self, tap: Option<FrameTap>) {
+        lock(&self.state).tap = tap;
+    }
+
+    /// The link's fate for the next message, and the tap to show it to.
+    fn decide(&self, from: &Address, to: &Address) -> (LinkDecision, Option<FrameTap>) {
+        let mut state = lock(&self.state);
+        (state.faults.decide(from, to), state.tap.clone())
     }
 
     fn lookup(&self, address: &Address) -> Option<Arc<MemoryTransport>> {
@@ -221,7 +234,11 @@ impl Outbound for MemoryTransport {
     fn enqueue(&self, to: &Address, lane: Lane, frame: &Frame) -> Result<(), SendError> {
         let payload = self.endpoint.encode(frame)?;
         let network = self.network.upgrade().ok_or(SendError::Closed)?;
-        let deliver_at = match network.decide(&self.endpoint.local().address, to) {
+        let (decision, tap) = network.decide(&self.endpoint.local().address, to);
+        if let (Some(tap), false) = (tap, matches!(decision, LinkDecision::Drop)) {
+            tap(self.endpoint.local(), to, frame);
+        }
+        let deliver_at = match decision {
             // Lost on the wire: the sender cannot tell (at-most-once).
             LinkDecision::Drop => return Ok(()),
             LinkDecision::Deliver { delay } if delay.is_zero() => None,

@@ -51,7 +51,7 @@ pub mod tcp;
 mod tests;
 
 pub use link_faults::{LinkDecision, LinkFaults};
-pub use memory::{MemoryNetwork, MemoryTransport};
+pub use memory::{FrameTap, MemoryNetwork, MemoryTransport};
 pub use metrics::{MetricsSnapshot, TransportMetrics};
 pub use tcp::TcpTransport;
 
