@@ -1,4 +1,4 @@
-//! tessera-coordinator: cluster sharding (ARCHITECTURE.md §7).
+//! tessera-coordinator: cluster sharding (docs/src/design.md §7).
 //!
 //! Each entity type has a [`region::ShardRegion`] on every node: it maps an entity id to a
 //! shard ([`shard_id::ShardId`]), asks the [`coordinator::ShardCoordinator`] (a cluster
@@ -13,6 +13,7 @@
 
 pub mod allocation;
 pub mod coordinator;
+pub mod entity_ref;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
@@ -25,6 +26,8 @@ pub mod shard_id;
 pub mod sim;
 pub mod state;
 pub mod store;
+pub mod typed_host;
 pub mod wire;
 
+pub use entity_ref::{AskError, EntityRef};
 pub use shard_id::{ShardId, shard_of};

@@ -9,14 +9,14 @@
 //! back as frames too, matched by a reply id at the node whose caller waits.
 
 use crate::coordinator::{CoordinatorOutput, MembershipView, ShardCoordinator};
-use crate::host::{AskFailure, AskOutcome, EntityNote, FailureKind, ShardHost};
+use crate::host::{AskFailure, AskOutcome, EntityNote, FailureKind, Payload, ShardHost};
 use crate::messages::{BetweenRegions, HandoffId, ToCoordinator, ToRegion};
 use crate::region::{Origin, RegionOutput, RegionView, ShardRegion};
 use crate::remember::RememberStore;
 use crate::settings::ShardingSettings;
 use crate::shard_id::{ShardId, shard_of};
 use crate::store::{CoordinatorStore, StoreError};
-use crate::wire::{self, RegionSnapshot, RemoteAsk, ShardingFrame};
+use crate::wire::{self, RegionSnapshot, RemoteAsk, ShardingFrame, WireError};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -60,6 +60,10 @@ const REMEMBERED_READ_RETRY_MAX: Duration = Duration::from_secs(5);
 /// not running (about half a minute with the waits above).
 const REMEMBERED_READ_WARN_AFTER: u32 = 10;
 
+/// How often a region logs that the node it takes for its coordinator's does not register its
+/// type (the refusal repeats with every registration attempt).
+const UNSUPPORTED_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
 /// The singleton name of a type's coordinator.
 pub fn coordinator_singleton_name(type_name: &str) -> String {
     format!("sharding-coordinator-{type_name}")
@@ -78,6 +82,10 @@ pub struct ShardedType {
     /// With remember-entities: where shards keep their entity ids, and the host's reports of
     /// entities starting and passivating (a bounded queue the host's listener fills).
     pub remember: Option<RememberEntitiesSetup>,
+    /// The version of the type's commands, replies and rejections in postcard
+    /// (`EntityType::MESSAGE_VERSION`): carried by every forwarded command, and a command
+    /// encoded under another version is refused rather than misread.
+    pub message_version: u32,
 }
 
 /// Remember-entities for one entity type.
@@ -200,6 +208,9 @@ pub struct RegionGauges {
     pub forwarded: u64,
     pub delivered_local: u64,
     pub refused: u64,
+    /// Why the region cannot register, when the node it takes for its coordinator's does not
+    /// register the type (the nodes of the cluster register different types).
+    pub unsupported: Option<String>,
 }
 
 /// What a coordinator publishes (on the node that runs it).
@@ -220,8 +231,8 @@ pub struct CoordinatorGauges {
 /// What a region gives a local caller: the reply, or (for an entity of this node) the
 /// entity host's answer to await, so that no task is spawned just to pass it on.
 enum Answer {
-    Ready(Result<Vec<u8>, AskFailure>),
-    Pending(BoxFuture<'static, Result<Vec<u8>, AskFailure>>),
+    Ready(Result<Payload, AskFailure>),
+    Pending(BoxFuture<'static, Result<Payload, AskFailure>>),
 }
 
 enum ReplyTo {
@@ -232,14 +243,14 @@ enum ReplyTo {
 /// A command on its way to its entity: the message type of the region state machine.
 pub struct Pending {
     entity_id: String,
-    payload: Vec<u8>,
+    payload: Payload,
     reply: ReplyTo,
 }
 
 enum RegionInput {
     Ask {
         entity_id: String,
-        payload: Vec<u8>,
+        payload: Payload,
         reply: oneshot::Sender<Answer>,
     },
     FromCoordinator {
@@ -271,6 +282,11 @@ enum RegionInput {
     State(oneshot::Sender<RegionSnapshot>),
     RemoteState(Responder),
     BeginShutdown(oneshot::Sender<()>),
+    /// The node this region takes for its coordinator's does not register the type.
+    Unsupported {
+        from: UniqueAddress,
+        reason: String,
+    },
 }
 
 enum CoordinatorInput {
@@ -307,6 +323,8 @@ struct DirectPath {
     type_name: String,
     host: Option<Arc<dyn ShardHost>>,
     number_of_shards: u32,
+    /// The type's message version, sent with every forwarded command.
+    message_version: u32,
     routes: std::sync::RwLock<HashMap<ShardId, DirectRoute>>,
     queued_asks: AtomicU64,
     /// The same for commands other regions forwarded here: the router delivers one direct
@@ -329,13 +347,22 @@ enum DirectRoute {
 /// What became of a command offered to the direct path.
 enum Direct {
     /// Queued on the entity host: its reply.
-    Local(BoxFuture<'static, Result<Vec<u8>, AskFailure>>),
+    Local(BoxFuture<'static, Result<Payload, AskFailure>>),
     /// Forwarded: the reply comes under this id.
     Remote(oneshot::Receiver<Answer>, u64),
     /// Forwarding failed; nothing was sent.
     Failed(AskFailure),
     /// Not for the direct path: the command, for the region task.
-    NotTaken(Vec<u8>),
+    NotTaken(Payload),
+}
+
+/// The answer to a command that could not be encoded to leave the node: nothing was sent.
+fn unencodable_command(type_name: &str, entity_id: &str, error: &str) -> AskFailure {
+    AskFailure::new(
+        FailureKind::BadRequest,
+        AskOutcome::NotApplied,
+        format!("{type_name} {entity_id:?}: the command cannot be encoded in postcard: {error}"),
+    )
 }
 
 /// The answer to a command that could not be forwarded: nothing was sent.
@@ -357,9 +384,19 @@ impl DirectPath {
         to: &Address,
         shard: ShardId,
         entity_id: &str,
-        payload: Vec<u8>,
+        payload: Payload,
         reply: oneshot::Sender<Answer>,
     ) -> Result<u64, (AskFailure, Option<oneshot::Sender<Answer>>)> {
+        // Encoded here, once, as the command leaves the node; nothing was sent if it fails.
+        let payload = match payload.into_bytes() {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                return Err((
+                    unencodable_command(&self.type_name, entity_id, &error),
+                    Some(reply),
+                ));
+            }
+        };
         let reply_id = self.next_reply_id.fetch_add(1, Ordering::Relaxed);
         lock_waiting(&self.waiting).insert(reply_id, reply);
         let frame = ShardingFrame::Forward {
@@ -368,6 +405,7 @@ impl DirectPath {
             ask: RemoteAsk {
                 entity_id: entity_id.to_string(),
                 payload,
+                message_version: self.message_version,
                 reply_to: self.self_address.clone(),
                 reply_id,
             },
@@ -396,22 +434,25 @@ type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
 /// task, whose deadlines forget its own) when the ask ends in any way: answered, timed out,
 /// or dropped by its caller. Without it a caller that gave up on an ask whose reply never
 /// comes would leave the slot for good.
-struct ForgetReply<'a> {
-    waiting: &'a Waiting,
+struct ForgetReply {
+    /// None once answered: there is nothing left to forget.
+    waiting: Option<Waiting>,
     reply_id: u64,
 }
 
-impl ForgetReply<'_> {
+impl ForgetReply {
     /// The answer came: whoever sent it took the slot out of the map already (the router,
     /// or a clean-up that dropped it), so there is nothing to forget.
-    fn answered(self) {
-        std::mem::forget(self);
+    fn answered(mut self) {
+        self.waiting = None;
     }
 }
 
-impl Drop for ForgetReply<'_> {
+impl Drop for ForgetReply {
     fn drop(&mut self) {
-        lock_waiting(self.waiting).remove(&self.reply_id);
+        if let Some(waiting) = &self.waiting {
+            lock_waiting(waiting).remove(&self.reply_id);
+        }
     }
 }
 
@@ -434,7 +475,8 @@ struct RegionRoute {
 pub struct Sharding<T: Transport> {
     transport: Arc<T>,
     regions: BTreeMap<String, RegionHandle>,
-    singletons: Vec<ClusterSingleton>,
+    /// The coordinators' singletons, taken by [`Sharding::stop`].
+    singletons: Mutex<Vec<ClusterSingleton>>,
     settings: RuntimeSettings,
     counters: Arc<ShardingCounters>,
     shutdown: CancellationToken,
@@ -524,6 +566,7 @@ impl<T: Transport> Sharding<T> {
                 type_name: sharded.type_name.clone(),
                 host: sharded.host.clone(),
                 number_of_shards: sharded.settings.number_of_shards,
+                message_version: sharded.message_version,
                 routes: std::sync::RwLock::new(HashMap::new()),
                 queued_asks: AtomicU64::new(0),
                 queued_forwards: AtomicU64::new(0),
@@ -555,6 +598,7 @@ impl<T: Transport> Sharding<T> {
                 remembered_skipped: Vec::new(),
                 stops_awaiting_remember: BTreeMap::new(),
                 stops_began: HashMap::new(),
+                unsupported: None,
             };
             tasks.push(tokio::spawn(task.run(
                 inputs_rx,
@@ -589,12 +633,13 @@ impl<T: Transport> Sharding<T> {
             coordinators,
             counters: counters.clone(),
             send,
+            version_warned: std::sync::atomic::AtomicBool::new(false),
         };
         tasks.push(tokio::spawn(router.run(inbound, shutdown.child_token())));
         Ok(Sharding {
             transport,
             regions,
-            singletons: started,
+            singletons: Mutex::new(started),
             settings,
             counters,
             shutdown,
@@ -645,130 +690,46 @@ impl<T: Transport> Sharding<T> {
         self.regions.values().all(|r| r.gauges.borrow().registered)
     }
 
-    /// Sends an encoded command to entity `entity_id` of `type_name`, wherever its shard
-    /// lives, and waits for the encoded reply (at most the ask timeout).
-    pub async fn ask(
+    /// This node's region of `type_name`, through which its callers ask the type's entities
+    /// wherever they run; None for a type this node does not shard.
+    pub fn region(&self, type_name: &str) -> Option<RegionRef> {
+        let region = self.regions.get(type_name)?;
+        Some(RegionRef {
+            inputs: region.inputs.clone(),
+            direct: region.direct.clone(),
+            counters: self.counters.clone(),
+            ask_timeout: self.settings.ask_timeout,
+        })
+    }
+
+    /// Sends `command` to entity `entity_id` of `type_name`, wherever its shard lives, and
+    /// waits for the entity's answer (at most the ask timeout); see [`RegionRef::ask`]. A type
+    /// this node does not shard is refused, naming the types it does.
+    pub fn ask(
         &self,
         type_name: &str,
         entity_id: &str,
-        payload: Vec<u8>,
-    ) -> Result<Vec<u8>, AskFailure> {
-        let Some(region) = self.regions.get(type_name) else {
-            return Err(AskFailure::new(
-                FailureKind::BadRequest,
-                AskOutcome::NotApplied,
-                format!(
-                    "unknown entity type {type_name:?}: this node shards {}",
-                    self.type_names().join(", ")
-                ),
-            ));
-        };
-        let timeout = self.settings.ask_timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let timed_out = || {
-            Err(AskFailure::new(
-                FailureKind::Timeout,
-                AskOutcome::Unknown,
-                format!(
-                    "no reply from {type_name} {entity_id:?} within {} ms; the command may \
-                     still be carried out",
-                    timeout.as_millis()
-                ),
-            ))
-        };
-        let direct = &region.direct;
-        // A forwarded ask's reply slot is forgotten when the ask ends without an answer
-        // (`forget` drops: a timeout, or the caller dropped this future).
-        let (answer, forget) = match Self::ask_direct(direct, entity_id, payload) {
-            Direct::Local(answer) => {
-                ShardingCounters::incr(&self.counters.asks_direct);
-                return tokio::time::timeout_at(deadline, answer)
-                    .await
-                    .unwrap_or_else(|_| timed_out());
+        command: Payload,
+    ) -> BoxFuture<'static, Result<Payload, AskFailure>> {
+        match self.region(type_name) {
+            Some(region) => region.ask(entity_id, command).boxed(),
+            None => {
+                let failure = self.unknown_type(type_name);
+                futures::future::ready(Err(failure)).boxed()
             }
-            Direct::Failed(failure) => return Err(failure),
-            Direct::Remote(answer, reply_id) => {
-                ShardingCounters::incr(&self.counters.asks_direct);
-                ShardingCounters::incr(&self.counters.forwards_sent);
-                let forget = ForgetReply {
-                    waiting: &direct.waiting,
-                    reply_id,
-                };
-                (answer, Some(forget))
-            }
-            Direct::NotTaken(payload) => {
-                let (reply, answer) = oneshot::channel();
-                direct.queued_asks.fetch_add(1, Ordering::SeqCst);
-                region
-                    .inputs
-                    .try_send(RegionInput::Ask {
-                        entity_id: entity_id.to_string(),
-                        payload,
-                        reply,
-                    })
-                    .map_err(|e| {
-                        direct.queued_asks.fetch_sub(1, Ordering::SeqCst);
-                        match e {
-                            mpsc::error::TrySendError::Full(_) => AskFailure::new(
-                                FailureKind::Overloaded,
-                                AskOutcome::NotApplied,
-                                format!(
-                                    "the {type_name} region's queue is full \
-                                     ({INPUT_QUEUE_CAPACITY} inputs)"
-                                ),
-                            ),
-                            mpsc::error::TrySendError::Closed(_) => stopping(type_name),
-                        }
-                    })?;
-                (answer, None)
-            }
-        };
-        let answer = tokio::time::timeout_at(deadline, answer).await;
-        if let (Ok(_), Some(forget)) = (&answer, forget) {
-            forget.answered();
-        }
-        match answer {
-            Ok(Ok(Answer::Ready(result))) => result,
-            Ok(Ok(Answer::Pending(answer))) => tokio::time::timeout_at(deadline, answer)
-                .await
-                .unwrap_or_else(|_| timed_out()),
-            // The region dropped it without an answer: it may have been delivered.
-            Ok(Err(_)) => Err(AskFailure::new(
-                FailureKind::Timeout,
-                AskOutcome::Unknown,
-                format!("the {type_name} region stopped while the command was under way"),
-            )),
-            Err(_) => timed_out(),
         }
     }
 
-    /// Offers a command to the direct path (see [`DirectPath`]): queued on the entity host
-    /// when its shard runs here and takes this node's callers, forwarded when its home is
-    /// another known region, in both cases only when no earlier ask of this node waits in the
-    /// region task; otherwise given back for the region task.
-    fn ask_direct(direct: &DirectPath, entity_id: &str, payload: Vec<u8>) -> Direct {
-        let Ok(id) = EntityId::new(entity_id) else {
-            // The region task answers with the reason.
-            return Direct::NotTaken(payload);
-        };
-        let shard = shard_of(&id, direct.number_of_shards);
-        let Some(routes) = direct.read() else {
-            return Direct::NotTaken(payload);
-        };
-        if direct.queued_asks.load(Ordering::SeqCst) != 0 {
-            return Direct::NotTaken(payload);
-        }
-        match (routes.get(&shard), &direct.host) {
-            (Some(DirectRoute::Local), Some(host)) => Direct::Local(host.ask(entity_id, payload)),
-            (Some(DirectRoute::Remote(home)), _) => {
-                let (reply, answer) = oneshot::channel();
-                match direct.forward(home, shard, entity_id, payload, reply) {
-                    Ok(reply_id) => Direct::Remote(answer, reply_id),
-                    Err((failure, _)) => Direct::Failed(failure),
-                }
-            }
-            _ => Direct::NotTaken(payload),
-        }
+    /// The refusal of a command for a type this node does not shard.
+    pub fn unknown_type(&self, type_name: &str) -> AskFailure {
+        AskFailure::new(
+            FailureKind::BadRequest,
+            AskOutcome::NotApplied,
+            format!(
+                "unknown entity type {type_name:?}: this node shards {}",
+                self.type_names().join(", ")
+            ),
+        )
     }
 
     /// This node's shards of `type_name` and their live entities.
@@ -842,14 +803,213 @@ impl<T: Transport> Sharding<T> {
     /// Stops the regions, the coordinators and the router (leave the cluster first).
     pub async fn stop(&self) {
         self.shutdown.cancel();
-        for singleton in &self.singletons {
-            let _ = singleton.status();
+        // The coordinators first (a coordinator stops with its manager, after what it was
+        // writing), then the regions and the router.
+        let singletons =
+            std::mem::take(&mut *self.singletons.lock().unwrap_or_else(|e| e.into_inner()));
+        for singleton in singletons {
+            singleton.stop().await;
         }
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         for task in tasks {
             let _ = task.await;
         }
     }
+}
+
+/// A node's region of one entity type, as its callers use it: cheap to clone, and bound to
+/// the type, so an ask looks nothing up by name.
+#[derive(Clone)]
+pub struct RegionRef {
+    inputs: mpsc::Sender<RegionInput>,
+    direct: Arc<DirectPath>,
+    counters: Arc<ShardingCounters>,
+    ask_timeout: Duration,
+}
+
+impl RegionRef {
+    /// The entity type.
+    pub fn type_name(&self) -> &str {
+        &self.direct.type_name
+    }
+
+    /// Sends `command` to entity `entity_id`, wherever its shard lives, and waits for the
+    /// entity's answer (at most the ask timeout): local when the command stayed on this node,
+    /// encoded when it crossed to another.
+    ///
+    /// The command is routed when this is called, not when the future is first polled:
+    /// queued on this node's entity host, sent to the region of another node, or queued for
+    /// this node's region task. So a caller that drops the future without polling it (a
+    /// fire-and-forget tell) has still sent the command, and the order of a caller's commands
+    /// is the order of its calls.
+    pub fn ask(
+        &self,
+        entity_id: &str,
+        command: Payload,
+    ) -> impl Future<Output = Result<Payload, AskFailure>> + Send + 'static + use<> {
+        let timeout = self.ask_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let routed = self.route(entity_id, command);
+        let direct = self.direct.clone();
+        let entity_id = entity_id.to_string();
+        async move {
+            let timed_out = || Err(ask_timed_out(&direct.type_name, &entity_id, timeout));
+            let (answer, forget) = match routed {
+                Routed::Host(answer) => {
+                    return tokio::time::timeout_at(deadline, answer)
+                        .await
+                        .unwrap_or_else(|_| timed_out());
+                }
+                Routed::Failed(failure) => return Err(failure),
+                Routed::Waiting(answer, forget) => (answer, forget),
+            };
+            let answer = tokio::time::timeout_at(deadline, answer).await;
+            if let (Ok(_), Some(forget)) = (&answer, forget) {
+                forget.answered();
+            }
+            match answer {
+                Ok(Ok(Answer::Ready(result))) => result,
+                Ok(Ok(Answer::Pending(answer))) => tokio::time::timeout_at(deadline, answer)
+                    .await
+                    .unwrap_or_else(|_| timed_out()),
+                // The region dropped it without an answer: it may have been delivered.
+                Ok(Err(_)) => Err(AskFailure::new(
+                    FailureKind::Timeout,
+                    AskOutcome::Unknown,
+                    format!(
+                        "the {} region stopped while the command was under way",
+                        direct.type_name
+                    ),
+                )),
+                Err(_) => timed_out(),
+            }
+        }
+    }
+
+    /// Sends `command` to entity `entity_id` without waiting for its answer: routed as
+    /// [`RegionRef::ask`] routes it, and its answer dropped. A refusal on the spot (an invalid
+    /// id the direct path sees, a full queue, a region stopping) is returned: then nothing was
+    /// sent.
+    pub fn tell(&self, entity_id: &str, command: Payload) -> Result<(), AskFailure> {
+        // Refused here rather than by the region task, whose answer nobody would hear.
+        if let Err(error) = EntityId::new(entity_id) {
+            return Err(AskFailure::new(
+                FailureKind::BadRequest,
+                AskOutcome::NotApplied,
+                error.to_string(),
+            ));
+        }
+        match self.route(entity_id, command) {
+            Routed::Failed(failure) => Err(failure),
+            // The host queues at once: a command it refused (a full queue, a stopping host)
+            // has its answer ready on the first poll.
+            Routed::Host(answer) => match answer.now_or_never() {
+                Some(Err(failure)) if failure.outcome == AskOutcome::NotApplied => Err(failure),
+                _ => Ok(()),
+            },
+            Routed::Waiting(..) => Ok(()),
+        }
+    }
+
+    /// Routes a command at once (see [`RegionRef::ask`]): the direct path when it takes it
+    /// (see [`DirectPath`]), else the region task's queue.
+    fn route(&self, entity_id: &str, command: Payload) -> Routed {
+        let direct = &self.direct;
+        let command = match Self::route_direct(direct, entity_id, command) {
+            Direct::Local(answer) => {
+                ShardingCounters::incr(&self.counters.asks_direct);
+                return Routed::Host(answer);
+            }
+            Direct::Failed(failure) => return Routed::Failed(failure),
+            Direct::Remote(answer, reply_id) => {
+                ShardingCounters::incr(&self.counters.asks_direct);
+                ShardingCounters::incr(&self.counters.forwards_sent);
+                let forget = ForgetReply {
+                    waiting: Some(direct.waiting.clone()),
+                    reply_id,
+                };
+                return Routed::Waiting(answer, Some(forget));
+            }
+            Direct::NotTaken(command) => command,
+        };
+        let (reply, answer) = oneshot::channel();
+        direct.queued_asks.fetch_add(1, Ordering::SeqCst);
+        let queued = self.inputs.try_send(RegionInput::Ask {
+            entity_id: entity_id.to_string(),
+            payload: command,
+            reply,
+        });
+        match queued {
+            Ok(()) => Routed::Waiting(answer, None),
+            Err(e) => {
+                direct.queued_asks.fetch_sub(1, Ordering::SeqCst);
+                Routed::Failed(match e {
+                    mpsc::error::TrySendError::Full(_) => AskFailure::new(
+                        FailureKind::Overloaded,
+                        AskOutcome::NotApplied,
+                        format!(
+                            "the {} region's queue is full ({INPUT_QUEUE_CAPACITY} inputs)",
+                            direct.type_name
+                        ),
+                    ),
+                    mpsc::error::TrySendError::Closed(_) => stopping(&direct.type_name),
+                })
+            }
+        }
+    }
+
+    /// Offers a command to the direct path (see [`DirectPath`]): queued on the entity host
+    /// when its shard runs here and takes this node's callers, forwarded when its home is
+    /// another known region, in both cases only when no earlier ask of this node waits in the
+    /// region task; otherwise given back for the region task.
+    fn route_direct(direct: &DirectPath, entity_id: &str, command: Payload) -> Direct {
+        let Ok(id) = EntityId::new(entity_id) else {
+            // The region task answers with the reason.
+            return Direct::NotTaken(command);
+        };
+        let shard = shard_of(&id, direct.number_of_shards);
+        let Some(routes) = direct.read() else {
+            return Direct::NotTaken(command);
+        };
+        if direct.queued_asks.load(Ordering::SeqCst) != 0 {
+            return Direct::NotTaken(command);
+        }
+        match (routes.get(&shard), &direct.host) {
+            (Some(DirectRoute::Local), Some(host)) => Direct::Local(host.ask(entity_id, command)),
+            (Some(DirectRoute::Remote(home)), _) => {
+                let (reply, answer) = oneshot::channel();
+                match direct.forward(home, shard, entity_id, command, reply) {
+                    Ok(reply_id) => Direct::Remote(answer, reply_id),
+                    Err((failure, _)) => Direct::Failed(failure),
+                }
+            }
+            _ => Direct::NotTaken(command),
+        }
+    }
+}
+
+/// Where a command went when it was routed.
+enum Routed {
+    /// Queued on this node's entity host: its answer.
+    Host(BoxFuture<'static, Result<Payload, AskFailure>>),
+    /// Refused at once: nothing was delivered.
+    Failed(AskFailure),
+    /// Forwarded by the caller itself (with the reply slot to forget when the ask ends) or
+    /// queued for the region task: the answer comes here.
+    Waiting(oneshot::Receiver<Answer>, Option<ForgetReply>),
+}
+
+/// The answer of an ask that got none within its timeout.
+fn ask_timed_out(type_name: &str, entity_id: &str, timeout: Duration) -> AskFailure {
+    AskFailure::new(
+        FailureKind::Timeout,
+        AskOutcome::Unknown,
+        format!(
+            "no reply from {type_name} {entity_id:?} within {} ms; the command may still be \
+             carried out",
+            timeout.as_millis()
+        ),
+    )
 }
 
 /// The current time on tokio's clock (which tests may pause), for the state machines.
@@ -875,6 +1035,8 @@ struct Router {
     coordinators: CoordinatorRoutes,
     counters: Arc<ShardingCounters>,
     send: SendFrame,
+    /// Whether a frame of another release was logged already.
+    version_warned: std::sync::atomic::AtomicBool,
 }
 
 impl Router {
@@ -895,7 +1057,15 @@ impl Router {
             Ok(frame) => frame,
             Err(error) => {
                 ShardingCounters::incr(&self.counters.frames_malformed);
-                tracing::debug!(from = %inbound.from, %error, "malformed sharding frame");
+                if matches!(error, WireError::Version(_))
+                    && !self.version_warned.swap(true, Ordering::Relaxed)
+                {
+                    // Another release's frames: every one of them is dropped, so it is said
+                    // once, loudly (this release's sharding does not talk to older ones).
+                    tracing::warn!(from = %inbound.from, %error, "a sharding frame of another release; every such frame is dropped");
+                } else {
+                    tracing::debug!(from = %inbound.from, %error, "malformed sharding frame");
+                }
                 return;
             }
         };
@@ -916,7 +1086,31 @@ impl Router {
                         ShardingCounters::incr(&self.counters.frames_dropped);
                     }
                 }
-                None => ShardingCounters::incr(&self.counters.frames_unrouted),
+                None => {
+                    ShardingCounters::incr(&self.counters.frames_unrouted);
+                    if !self.regions.contains_key(&type_name) {
+                        // The sender takes this node for its type's coordinator, but this node
+                        // does not register the type: the sender's region would wait for ever.
+                        // It is told why, naming this node and the types it registers.
+                        let mut known: Vec<&str> =
+                            self.regions.keys().map(String::as_str).collect();
+                        known.sort_unstable();
+                        let reason = format!(
+                            "the node at {} does not register entity type {type_name:?} (it \
+                             registers {}): every node of a cluster must register the same types",
+                            self.self_address,
+                            if known.is_empty() {
+                                "none".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        );
+                        let refusal = ShardingFrame::Unsupported { type_name, reason };
+                        if let Err(error) = (self.send)(&from.address, &refusal) {
+                            tracing::debug!(%error, "an unsupported-type answer was not sent");
+                        }
+                    }
+                }
             }
             return;
         }
@@ -939,6 +1133,25 @@ impl Router {
             return;
         };
         let input = match frame {
+            ShardingFrame::Forward { type_name, ask, .. }
+                if ask.message_version != region.direct.message_version =>
+            {
+                // Decoded under another version it would be misread: refused, naming both.
+                // A mismatch of releases (an upgrade under way), not of the caller's making.
+                let failure = AskFailure::new(
+                    FailureKind::Unavailable,
+                    AskOutcome::NotApplied,
+                    format!(
+                        "entity type {type_name:?}: {from} sent a command encoded under message \
+                         version {}, but the node at {} reads version {}; every node must run \
+                         a release of the type that reads the other's messages",
+                        ask.message_version, self.self_address, region.direct.message_version
+                    ),
+                );
+                tracing::warn!("{}", failure.message);
+                self.refuse(&type_name, ask, failure);
+                return;
+            }
             ShardingFrame::Forward {
                 type_name,
                 shard,
@@ -955,7 +1168,7 @@ impl Router {
             } => {
                 match lock_waiting(&region.direct.waiting).remove(&reply_id) {
                     Some(waiter) => {
-                        let _ = waiter.send(Answer::Ready(result));
+                        let _ = waiter.send(Answer::Ready(result.map(Payload::Encoded)));
                     }
                     None => ShardingCounters::incr(&self.counters.replies_late),
                 }
@@ -978,6 +1191,7 @@ impl Router {
                 Some(responder) => RegionInput::RemoteState(responder),
                 None => return,
             },
+            ShardingFrame::Unsupported { reason, .. } => RegionInput::Unsupported { from, reason },
             ShardingFrame::ToCoordinator { .. } => return,
         };
         if let Err(error) = region.inputs.try_send(input) {
@@ -1057,8 +1271,9 @@ impl Router {
             payload,
             reply_to,
             reply_id,
+            ..
         } = ask;
-        let answer = host.ask(&entity_id, payload);
+        let answer = host.ask(&entity_id, Payload::Encoded(payload));
         drop(routes);
         ShardingCounters::incr(&self.counters.asks_direct);
         let send = self.send.clone();
@@ -1080,8 +1295,19 @@ fn send_reply(
     to: &Address,
     type_name: String,
     reply_id: u64,
-    result: Result<Vec<u8>, AskFailure>,
+    result: Result<Payload, AskFailure>,
 ) {
+    // The entity's answer is encoded here, once, as it leaves for its caller's node (a host
+    // answers a command from another node encoded already).
+    let result = result.and_then(|answer| {
+        answer.into_bytes().map_err(|error| {
+            AskFailure::new(
+                FailureKind::Internal,
+                AskOutcome::Unknown,
+                format!("the entity's answer cannot be encoded in postcard: {error}"),
+            )
+        })
+    });
     let frame = ShardingFrame::Reply {
         type_name,
         reply_id,
@@ -1188,6 +1414,9 @@ struct RegionTask<T: Transport> {
     stops_awaiting_remember: BTreeMap<ShardId, Instant>,
     /// When each shard's stop began (for the deadline above).
     stops_began: HashMap<ShardId, Instant>,
+    /// Why the node taken for the coordinator's refused this region's type, and when that was
+    /// last logged.
+    unsupported: Option<(String, Instant)>,
 }
 
 impl<T: Transport> RegionTask<T> {
@@ -1319,7 +1548,8 @@ impl<T: Transport> RegionTask<T> {
             }
             RegionInput::Remembered { .. }
             | RegionInput::State(_)
-            | RegionInput::RemoteState(_) => self.handle(input),
+            | RegionInput::RemoteState(_)
+            | RegionInput::Unsupported { .. } => self.handle(input),
         }
     }
 
@@ -1365,7 +1595,12 @@ impl<T: Transport> RegionTask<T> {
                 None | Some(MemberStatus::Joining | MemberStatus::WeaklyUp)
             ),
         };
+        let coordinator_before = self.region.coordinator().cloned();
         let out = self.region.membership(view, clock_now());
+        if self.region.coordinator() != coordinator_before.as_ref() {
+            // What the former coordinator's node said of the type no longer holds.
+            self.unsupported = None;
+        }
         self.outputs(out);
     }
 
@@ -1379,6 +1614,11 @@ impl<T: Transport> RegionTask<T> {
             forwarded: stats.forwarded,
             delivered_local: stats.delivered_local,
             refused: stats.refused,
+            unsupported: self
+                .unsupported
+                .as_ref()
+                .filter(|_| !self.region.is_registered())
+                .map(|(reason, _)| reason.clone()),
         };
         self.gauges.send_if_modified(|current| {
             if *current == gauges {
@@ -1454,7 +1694,7 @@ impl<T: Transport> RegionTask<T> {
                 }
                 let pending = Pending {
                     entity_id: ask.entity_id,
-                    payload: ask.payload,
+                    payload: Payload::Encoded(ask.payload),
                     reply: ReplyTo::Remote {
                         to: ask.reply_to,
                         reply_id: ask.reply_id,
@@ -1558,6 +1798,16 @@ impl<T: Transport> RegionTask<T> {
                         Err(_) => drop(responder),
                     }
                 });
+            }
+            // Only from the node this region takes for its coordinator's now: an answer from
+            // one it took before says nothing about the current one.
+            RegionInput::Unsupported { from, .. } if self.region.coordinator() != Some(&from) => {}
+            RegionInput::Unsupported { from, reason } => {
+                let logged = self.unsupported.as_ref().map(|(_, at)| *at);
+                if logged.is_none_or(|at| now.duration_since(at) >= UNSUPPORTED_LOG_INTERVAL) {
+                    tracing::error!(type_name = %self.type_name, %from, "{reason}");
+                    self.unsupported = Some((reason, now));
+                }
             }
             RegionInput::BeginShutdown(done) => {
                 self.shutdown_waiters.push(done);
@@ -1829,7 +2079,7 @@ impl<T: Transport> RegionTask<T> {
         }
     }
 
-    fn reply(&self, reply: ReplyTo, result: Result<Vec<u8>, AskFailure>) {
+    fn reply(&self, reply: ReplyTo, result: Result<Payload, AskFailure>) {
         match reply {
             ReplyTo::Local(tx) => {
                 let _ = tx.send(Answer::Ready(result));
@@ -1923,17 +2173,22 @@ impl<T: Transport> RegionTask<T> {
                 to: reply_to,
                 reply_id,
             } => {
-                let frame = ShardingFrame::Forward {
-                    type_name: self.type_name.clone(),
-                    shard,
-                    ask: RemoteAsk {
-                        entity_id: entity_id.clone(),
-                        payload,
-                        reply_to: reply_to.clone(),
-                        reply_id,
-                    },
-                };
-                if let Err(error) = send_frame(&*self.transport, to, &frame) {
+                // A command from another region is bytes already: passed on as it came.
+                let sent = payload.into_bytes().and_then(|payload| {
+                    let frame = ShardingFrame::Forward {
+                        type_name: self.type_name.clone(),
+                        shard,
+                        ask: RemoteAsk {
+                            entity_id: entity_id.clone(),
+                            payload,
+                            message_version: self.direct.message_version,
+                            reply_to: reply_to.clone(),
+                            reply_id,
+                        },
+                    };
+                    send_frame(&*self.transport, to, &frame)
+                });
+                if let Err(error) = sent {
                     let failure = unreachable_region(&self.type_name, &entity_id, to, &error);
                     self.reply(
                         ReplyTo::Remote {
@@ -2279,6 +2534,7 @@ mod tests {
             type_name: "account".into(),
             host: None,
             number_of_shards: 10,
+            message_version: 1,
             routes: std::sync::RwLock::new(HashMap::new()),
             queued_asks: AtomicU64::new(0),
             queued_forwards: AtomicU64::new(0),
@@ -2295,17 +2551,23 @@ mod tests {
             coordinators: CoordinatorRoutes::default(),
             counters: Arc::new(ShardingCounters::default()),
             send,
+            version_warned: std::sync::atomic::AtomicBool::new(false),
         };
         (router, rx, sent)
     }
 
     fn forwarded(type_name: &str, reply_id: u64) -> Inbound {
+        forwarded_under(type_name, reply_id, 1)
+    }
+
+    fn forwarded_under(type_name: &str, reply_id: u64, message_version: u32) -> Inbound {
         let frame = ShardingFrame::Forward {
             type_name: type_name.into(),
             shard: ShardId(3),
             ask: RemoteAsk {
                 entity_id: "alice".into(),
-                payload: b"{}".to_vec(),
+                payload: vec![0],
+                message_version,
                 reply_to: Address::new("10.0.0.2", 25520),
                 reply_id,
             },
@@ -2397,6 +2659,63 @@ mod tests {
             "the account region on 10.0.0.1:25520 is stopping"
         );
         assert_eq!(direct.queued_forwards.load(Ordering::SeqCst), 0);
+    }
+
+    /// A command encoded under another message version of its type (a node running another
+    /// release) is refused before anything decodes it, naming both versions.
+    #[test]
+    fn a_command_under_another_message_version_is_refused_naming_both() {
+        let (router, mut rx, sent) = account_router(8);
+        router.route(forwarded_under("account", 5, 2));
+        let refusals = refusals_sent(&sent, &["account"]);
+        let (id, refused) = &refusals[0];
+        assert_eq!(*id, 5);
+        assert_eq!(refused.kind, FailureKind::Unavailable);
+        assert_eq!(refused.outcome, AskOutcome::NotApplied);
+        assert_eq!(
+            refused.message,
+            "entity type \"account\": 10.0.0.2:25520#99 sent a command encoded under message \
+             version 2, but the node at 10.0.0.1:25520 reads version 1; every node must run a \
+             release of the type that reads the other's messages"
+        );
+        assert!(rx.try_recv().is_err(), "nothing reached the region");
+    }
+
+    /// A region that takes this node for its type's coordinator, when this node does not
+    /// register the type at all, hears why (the nodes register different types) instead of
+    /// waiting for ever; a type this node registers, whose coordinator runs elsewhere, gets no
+    /// such answer.
+    #[test]
+    fn a_registration_for_a_type_this_node_does_not_register_is_answered_with_why() {
+        let (router, _rx, sent) = account_router(8);
+        let register = |type_name: &str| {
+            let frame = ShardingFrame::ToCoordinator {
+                type_name: type_name.into(),
+                message: ToCoordinator::Register,
+            };
+            Inbound {
+                from: UniqueAddress::new(Address::new("10.0.0.2", 25520), 99),
+                service: services::SHARDING,
+                payload: Bytes::from(wire::encode(&frame).unwrap()),
+                reply: None,
+            }
+        };
+        router.route(register("account"));
+        assert!(sent.lock().unwrap().is_empty());
+        router.route(register("order"));
+        let sent = std::mem::take(&mut *sent.lock().unwrap());
+        match sent.as_slice() {
+            [(to, ShardingFrame::Unsupported { type_name, reason })] => {
+                assert_eq!(*to, Address::new("10.0.0.2", 25520));
+                assert_eq!(type_name, "order");
+                assert_eq!(
+                    reason,
+                    "the node at 10.0.0.1:25520 does not register entity type \"order\" (it \
+                     registers account): every node of a cluster must register the same types"
+                );
+            }
+            other => panic!("expected one answer, sent {other:?}"),
+        }
     }
 
     /// A refusal the transport does not take is counted: its caller ends at its timeout.

@@ -7,8 +7,9 @@ use crate::shard_id::ShardId;
 use serde::{Deserialize, Serialize};
 use tessera_cluster::Address;
 
-/// The only format version so far.
-pub const WIRE_VERSION: u8 = 1;
+/// The format version of this release's frames. Version 2 added the message version of a
+/// forwarded command's entity type.
+pub const WIRE_VERSION: u8 = 2;
 
 /// The buffer a frame is encoded into starts this large.
 const ENCODE_INITIAL_CAPACITY_BYTES: usize = 256;
@@ -17,7 +18,11 @@ const ENCODE_INITIAL_CAPACITY_BYTES: usize = 256;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteAsk {
     pub entity_id: String,
+    /// The command in postcard, under its type's `message_version`.
     pub payload: Vec<u8>,
+    /// The entity type's message version the sender encoded the command (and reads the
+    /// answer) under: a node of another version refuses it.
+    pub message_version: u32,
     /// Where the answer goes: the node whose caller waits, under `reply_id`.
     pub reply_to: Address,
     pub reply_id: u64,
@@ -54,6 +59,8 @@ pub enum ShardingFrame {
         shard: ShardId,
         ask: RemoteAsk,
     },
+    /// The answer to a forwarded command: the entity's reply or rejection in postcard
+    /// (`Result<Reply, Rejection>`), or why there is none.
     Reply {
         type_name: String,
         reply_id: u64,
@@ -61,6 +68,9 @@ pub enum ShardingFrame {
     },
     /// A request (answered with a [`RegionSnapshot`]): this region's shards and entities.
     RegionState { type_name: String },
+    /// The answer to a frame for a type's coordinator from a node that does not register the
+    /// type: why (naming the node and the types it registers).
+    Unsupported { type_name: String, reason: String },
 }
 
 impl ShardingFrame {
@@ -71,7 +81,8 @@ impl ShardingFrame {
             | ShardingFrame::Marker { type_name, .. }
             | ShardingFrame::Forward { type_name, .. }
             | ShardingFrame::Reply { type_name, .. }
-            | ShardingFrame::RegionState { type_name } => type_name,
+            | ShardingFrame::RegionState { type_name }
+            | ShardingFrame::Unsupported { type_name, .. } => type_name,
         }
     }
 }

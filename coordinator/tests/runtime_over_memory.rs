@@ -15,7 +15,7 @@ use tessera_cluster::node::{self, ClusterHandle};
 use tessera_cluster::singleton::Singletons;
 use tessera_cluster::transport::{MemoryNetwork, MemoryTransport};
 use tessera_cluster::{Address, MemberStatus};
-use tessera_coordinator::host::{AskFailure, EntityNote, ShardHost};
+use tessera_coordinator::host::{AskFailure, EntityNote, Payload, ShardHost};
 use tessera_coordinator::remember::RememberStore;
 use tessera_coordinator::runtime::{RememberEntitiesSetup, RuntimeSettings, ShardedType, Sharding};
 use tessera_coordinator::settings::ShardingSettings;
@@ -23,6 +23,9 @@ use tessera_coordinator::store::{CoordinatorStore, MemoryStore, StoreError};
 use tessera_coordinator::{ShardId, shard_of};
 use tessera_entities::EntityId;
 use tokio::sync::mpsc;
+
+#[path = "runtime_over_memory/typed.rs"]
+mod typed;
 
 fn address(i: usize) -> Address {
     Address::new("10.3.0.1", 25520 + u16::try_from(i).expect("small"))
@@ -130,8 +133,10 @@ impl ShardHost for CounterHost {
     fn ask(
         &self,
         entity_id: &str,
-        payload: Vec<u8>,
-    ) -> BoxFuture<'static, Result<Vec<u8>, AskFailure>> {
+        command: Payload,
+    ) -> BoxFuture<'static, Result<Payload, AskFailure>> {
+        // The test's callers send bytes, and they stay bytes on every node.
+        let payload = command.into_bytes().expect("bytes");
         if payload == b"passivate" {
             // The entity stops itself: its region forgets it when it is remembered.
             if self.live.lock().unwrap().remove(entity_id) {
@@ -144,7 +149,7 @@ impl ShardHost for CounterHost {
                         .expect("room for the note");
                 }
             }
-            return futures::future::ready(Ok(b"passivated".to_vec())).boxed();
+            return futures::future::ready(Ok(Payload::Encoded(b"passivated".to_vec()))).boxed();
         }
         let newly = self.live.lock().unwrap().insert(entity_id.to_string());
         if newly {
@@ -170,7 +175,7 @@ impl ShardHost for CounterHost {
             *count += 1;
         }
         let answer = count.to_string().into_bytes();
-        futures::future::ready(Ok(answer)).boxed()
+        futures::future::ready(Ok(Payload::Encoded(answer))).boxed()
     }
 
     fn stop_entities(&self, entity_ids: Vec<String>) -> BoxFuture<'static, ()> {
@@ -200,7 +205,7 @@ impl ShardHost for CounterHost {
             }
         }
         for id in entity_ids {
-            drop(self.ask(&id, b"get".to_vec()));
+            drop(self.ask(&id, Payload::Encoded(b"get".to_vec())));
         }
         Vec::new()
     }
@@ -269,6 +274,7 @@ fn start_node_with(
                 store: store as Arc<dyn RememberStore>,
                 notes: notes_from_host,
             }),
+            message_version: 1,
         }],
         RuntimeSettings::default(),
     )
@@ -330,8 +336,9 @@ async fn cluster_with(
 async fn inc(node: &TestNode, entity: &str) -> Result<u64, AskFailure> {
     let reply = node
         .sharding
-        .ask("counter", entity, b"inc".to_vec())
+        .ask("counter", entity, Payload::Encoded(b"inc".to_vec()))
         .await?;
+    let reply = reply.into_bytes().expect("bytes");
     Ok(String::from_utf8(reply).unwrap().parse().unwrap())
 }
 
@@ -370,7 +377,7 @@ async fn every_entity_lives_on_one_node_and_answers_from_any() {
     // An id the entities runtime refuses is a clear error that applied nothing.
     let error = nodes[0]
         .sharding
-        .ask("counter", "", b"inc".to_vec())
+        .ask("counter", "", Payload::Encoded(b"inc".to_vec()))
         .await
         .unwrap_err();
     assert_eq!(
@@ -526,10 +533,10 @@ async fn an_entity_passivated_during_the_read_of_remembered_entities_stays_stopp
     inc(&node, "q0").await.expect("q0 answers");
     let passivated = node
         .sharding
-        .ask("counter", "q0", b"passivate".to_vec())
+        .ask("counter", "q0", Payload::Encoded(b"passivate".to_vec()))
         .await
         .expect("q0 passivates");
-    assert_eq!(passivated, b"passivated");
+    assert_eq!(passivated.into_bytes().unwrap(), b"passivated");
     *remembered.reads_fail_until.lock().unwrap() = None;
     wait_running(&world, &ids[1..], Duration::from_secs(30)).await;
     // Past every write: the start's, then the stop's.
