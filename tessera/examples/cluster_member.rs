@@ -1,6 +1,5 @@
-//! A cluster member inside a tokio program, and a Distributed Data counter on it: the first two
-//! snippets of the README's "Library API" (the regions between the `README:` markers, which
-//! `tests/readme_examples.rs` keeps identical to the README).
+//! A cluster member inside a tokio program, and a Distributed Data counter on it: the book's
+//! first two library snippets, included from between the `ANCHOR:` markers (so they compile).
 //!
 //! A single node on a free port of 127.0.0.1 that forms a cluster of its own, increments a
 //! PNCounter, reads it back and leaves: `cargo run --release --example cluster_member`.
@@ -14,7 +13,7 @@ const WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // README: begin cluster_member
+    // ANCHOR: cluster_member
     use tessera_cluster::Address;
     use tessera_cluster::core::ClusterCoreConfig;
     use tessera_cluster::transport::{TcpTransport, Transport, TransportConfig};
@@ -34,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.membership.seed_nodes = vec![transport.local().address.clone()];
     let cluster = tessera_cluster::node::start(transport.clone(), config)?;
     let (state, mut events) = cluster.subscribe().await?; // current state first, then changes
-    // README: end cluster_member
+    // ANCHOR_END: cluster_member
 
     let self_node = cluster.self_node().clone();
     let up_in_state = state
@@ -55,7 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("{self_node} is Up");
 
-    // README: begin ddata
+    // ANCHOR: ddata
     use std::time::Duration;
     use tessera_ddata::node::ReplicatorSettings;
     use tessera_ddata::{PNCounter, ReadConsistency, ReplicatedValue, WriteConsistency};
@@ -87,7 +86,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .get("hits", ReadConsistency::Majority { min_cap: 0 }, timeout)
         .await?; // GetResult::Found(value) | NotFound | Deleted | Timeout | Failed(_)
     let mut changes = replicator.subscribe("hits", 16).await?; // batched Change { key, value }
-    // README: end ddata
+    // ANCHOR_END: ddata
 
     if updated != UpdateResult::Success {
         return Err(format!("the update of hits answered {updated:?}").into());

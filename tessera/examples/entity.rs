@@ -1,12 +1,11 @@
 //! A first event-sourced entity type, written from scratch, and the host that runs it: the
-//! README's "Library API" snippets between the `README:` markers (kept identical to the
-//! README by `tests/readme_examples.rs`).
+//! book's snippets, included from between the `ANCHOR:` markers (so they compile).
 //!
 //! A shopping cart on a RocksDB journal and snapshot store in a temporary directory: takes
 //! items, checks out, refuses a late item, and recovers its state from the journal in a second
 //! host: `cargo run --release --example entity`.
 
-// README: begin entity_type
+// ANCHOR: entity_type
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tessera_entities::{Effect, EntityType};
@@ -86,14 +85,14 @@ impl EntityType for ShoppingCart {
         }
     }
 }
-// README: end entity_type
+// ANCHOR_END: entity_type
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("tessera-example-entity-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
 
-    // README: begin entity_host
+    // ANCHOR: entity_host
     use std::sync::Arc;
     use tessera_entities::{AskError, EntityConfig, EntityHost};
     use tessera_journal::{Journal, JournalConfig, RocksJournal};
@@ -114,7 +113,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(AskError::Rejected(why)) => println!("refused: {why}"), // nothing was persisted
         other => return Err(format!("a checked-out cart answered {other:?}").into()),
     }
-    // README: end entity_host
+    // ANCHOR_END: entity_host
 
     println!("checked out: {:?}", checked_out.items);
     // A new host recovers the cart from its events.

@@ -1,6 +1,5 @@
-//! The event journal and the snapshot store on their own, without a cluster: the README's
-//! "Library API" snippet between the `README:` markers (kept identical to the README by
-//! `tests/readme_examples.rs`).
+//! The event journal and the snapshot store on their own, without a cluster: the book's
+//! snippet, included from between the `ANCHOR:` markers (so it compiles).
 //!
 //! In a temporary directory: appends an event, replays it, finds it by tag, saves and loads a
 //! snapshot, and deletes the event the snapshot covers: `cargo run --release --example journal`.
@@ -10,7 +9,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("tessera-example-journal-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
 
-    // README: begin journal
+    // ANCHOR: journal
     use bytes::Bytes;
     use futures::StreamExt;
     use std::time::{SystemTime, UNIX_EPOCH};
@@ -57,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let criteria = SnapshotSelectionCriteria::latest();
     let latest = snapshots.load("order-1", criteria).await?; // Option<Snapshot>
     journal.delete_to("order-1", highest).await?; // highest_sequence_nr never decreases
-    // README: end journal
+    // ANCHOR_END: journal
 
     let envelope = tagged.ok_or("no event tagged orders")?;
     println!(

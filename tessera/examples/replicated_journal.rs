@@ -1,6 +1,5 @@
-//! The replicated journal and snapshot store of a cluster member: the README's "Library API"
-//! snippet between the `README:` markers (kept identical to the README by
-//! `tests/readme_examples.rs`).
+//! The replicated journal and snapshot store of a cluster member: the book's snippet, included
+//! from between the `ANCHOR:` markers (so it compiles).
 //!
 //! A single node on a free port of 127.0.0.1 forms a cluster of its own (so every log has one
 //! replica, here), appends an event through `Persistence`, replays it, and inspects the log's
@@ -54,7 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         events,
     };
 
-    // README: begin replicated_journal
+    // ANCHOR: replicated_journal
     use std::sync::Arc;
     use tessera_journal::{Journal, JournalConfig, RocksJournal};
     use tessera_persistence::{Persistence, PersistenceSettings, RocksReplicaStore};
@@ -76,7 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Err(Fenced | Unavailable): nothing was written; Err(OutcomeUnknown): it may have been.
     persistence.journal.append(write).await?;
     let inspection = persistence.journal.inspect("order-1").await; // configuration and replicas
-    // README: end replicated_journal
+    // ANCHOR_END: replicated_journal
 
     let mut replay = persistence.journal.replay("order-1", 1, u64::MAX, u64::MAX);
     while let Some(event) = replay.next().await {
@@ -96,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     assert_eq!(inspection.replicas.len(), 1);
 
-    persistence.stop();
+    persistence.stop().await;
     let reason = cluster.leave_and_stop(WAIT_TIMEOUT).await;
     transport.shutdown();
     println!("left the cluster: {reason:?}");

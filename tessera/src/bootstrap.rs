@@ -1,5 +1,5 @@
-//! Cluster Bootstrap over HTTP (seed 003): discovering contact points (a static list or DNS),
-//! probing their `GET /bootstrap/seed-nodes`, and acting on the decision of
+//! Cluster Bootstrap over HTTP (docs/src/design.md §3): discovering contact points (a static
+//! list or DNS), probing their `GET /bootstrap/seed-nodes`, and acting on the decision of
 //! [`tessera_cluster::bootstrap`] until this node is a member.
 //!
 //! The decision is a pure function in the cluster crate; this module only feeds it (the

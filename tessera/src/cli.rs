@@ -11,11 +11,14 @@
 //! tested without touching the process environment.
 
 use crate::config::{self, ConfigError, ConfigLayer, NodeConfig};
+use crate::node::NodeBuilder;
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-/// `tessera`: run a cluster node, the demo, or the benchmarks.
+/// The operator's command line of a tessera service: run a node of it, and the clients of a
+/// running node's HTTP API. Every service built on tessera has it ([`NodeBuilder::main`]).
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version, about, propagate_version = true)]
 pub struct Cli {
@@ -24,21 +27,12 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
+/// The operator's subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a cluster node until SIGINT/SIGTERM, then leave the cluster gracefully.
     #[command(after_help = NODE_AFTER_HELP)]
     Node(Box<NodeArgs>),
-    /// Start a small local cluster and show it working.
-    Demo(DemoArgs),
-    /// Run a cluster of real nodes under a mixed workload and a nemesis (kills, pauses,
-    /// restarts, partitions), then check the history for lost or doubled writes.
-    #[command(after_help = SOAK_AFTER_HELP)]
-    Soak(SoakArgs),
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(BenchCommand),
     /// Cluster sharding maintenance.
     #[command(subcommand)]
     Sharding(ShardingCommand),
@@ -63,6 +57,94 @@ pub enum Command {
     /// Send a JSON command to an entity and print its reply.
     #[command(after_help = CLIENT_AFTER_HELP)]
     Entity(EntityArgs),
+}
+
+/// Runs an operator's command with the service's entity types (`builder`): `node` starts a
+/// node of the service and runs it until SIGINT/SIGTERM; the others talk to a running node or
+/// to a stopped node's data directory. Returns the process's exit status.
+pub async fn run(builder: NodeBuilder, command: Command) -> ExitCode {
+    match command {
+        Command::Node(args) => {
+            let config = match args.to_config() {
+                Ok(config) => config,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if let Err(e) = builder.check(&config) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            if let Err(e) = crate::logging::init(config.log_format, &config.log_level) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            for warning in config.warnings() {
+                tracing::warn!("{warning}");
+            }
+            ExitCode::from(builder.run(config).await)
+        }
+        Command::Sharding(ShardingCommand::RemoveInternalData(args)) => {
+            let report = |removal: &crate::sharding_tool::TypeRemoval| {
+                println!("{}", removal.describe());
+            };
+            match crate::sharding_tool::remove_internal_data(&args.data_dir, &args.types, report)
+                .await
+            {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        client => run_client(&client).await,
+    }
+}
+
+/// Runs a client command against a node: its output on stdout, or the error on stderr with
+/// the exit code that names what failed.
+async fn run_client(command: &Command) -> ExitCode {
+    let Some((client_command, args)) = command.client() else {
+        eprintln!("error: not a client command");
+        return ExitCode::from(2);
+    };
+    match crate::client::run(&client_command, &args.options()).await {
+        Ok(output) => {
+            println!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+impl NodeBuilder {
+    /// The whole operator's command line of the service (see [`Cli`]), from the process's
+    /// arguments, on a multi-threaded runtime: `main` of a service's binary is this one call.
+    ///
+    /// ```no_run
+    /// # fn register(builder: tessera::NodeBuilder) -> tessera::NodeBuilder { builder }
+    /// fn main() -> std::process::ExitCode {
+    ///     register(tessera::NodeBuilder::new()).main()
+    /// }
+    /// ```
+    pub fn main(self) -> ExitCode {
+        let cli = Cli::parse();
+        match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime.block_on(run(self, cli.command)),
+            Err(e) => {
+                eprintln!("error: cannot start the async runtime: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
 }
 
 const CLIENT_AFTER_HELP: &str = "Talks to a running node's HTTP API (--node, default \
@@ -234,7 +316,15 @@ const NODE_AFTER_HELP: &str = "Every flag has a config-file key (the flag name w
 '-'; seed_nodes for --seed, contact_points for --contact-point) and a TESSERA_<KEY> environment \
 variable; lists in the environment are comma-separated. Precedence: flag > environment > config \
 file > default. Other TESSERA_* variables are refused, except those of the test tools and the \
-CLI client.";
+CLI client.
+
+An entity type's own settings (sharding_role, remember_entities, state_store_mode, \
+passivate_after, active_entity_limit, snapshot_every, entity_ask_timeout, number_of_shards, \
+rebalance_interval, rebalance_absolute_limit, rebalance_relative_limit, handoff_timeout, \
+shard_buffer_size) go in its section: [entity.<type>] in the file, TESSERA_ENTITY_<TYPE>_<KEY>, \
+or --entity <type>.<key>=<value>. They win over the node-wide keys of the same names and over \
+what the service's code set; a section for a type the service does not register stops the \
+node.";
 
 /// Flags of `tessera node`: the config file, and one flag per configuration key, all optional.
 #[derive(Debug, Default, Args)]
@@ -246,12 +336,60 @@ pub struct NodeArgs {
     /// The keys given as flags: the top configuration layer.
     #[command(flatten)]
     pub keys: ConfigLayer,
+    /// A key of one entity type's own section, <type>.<key>=<value> (repeat or
+    /// comma-separate), e.g. account.passivate_after=30s [env: TESSERA_ENTITY_<TYPE>_<KEY>]
+    #[arg(long = "entity", value_name = "TYPE.KEY=VALUE", value_delimiter = ',', value_parser = parse_entity_flag)]
+    pub entity: Vec<EntityFlag>,
+}
+
+/// One `--entity <type>.<key>=<value>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntityFlag {
+    pub type_name: String,
+    pub key: String,
+    pub value: String,
+}
+
+/// `<type>.<key>=<value>`: the type is what comes before the last `.` ahead of the `=` (type
+/// names may contain `.`, keys do not).
+fn parse_entity_flag(text: &str) -> Result<EntityFlag, String> {
+    let bad = || {
+        config::ConfigError::EntityFlag {
+            value: text.to_string(),
+        }
+        .to_string()
+    };
+    let (name, value) = text.split_once('=').ok_or_else(bad)?;
+    let (type_name, key) = name.rsplit_once('.').ok_or_else(bad)?;
+    if type_name.is_empty() || key.is_empty() {
+        return Err(bad());
+    }
+    if !crate::entity_settings::ENTITY_KEYS.contains(&key) {
+        return Err(config::ConfigError::NotAnEntityKey {
+            key: key.to_string(),
+            allowed: crate::entity_settings::ENTITY_KEYS.join(", "),
+        }
+        .to_string());
+    }
+    Ok(EntityFlag {
+        type_name: type_name.to_string(),
+        key: key.to_string(),
+        value: value.to_string(),
+    })
 }
 
 impl NodeArgs {
     /// The flags the user typed, as the top configuration layer.
     pub fn to_layer(&self) -> ConfigLayer {
-        self.keys.clone()
+        let mut layer = self.keys.clone();
+        for flag in &self.entity {
+            layer
+                .entity
+                .entry(crate::entity_settings::section_name(&flag.type_name))
+                .or_default()
+                .set(&flag.key, flag.value.clone());
+        }
+        layer
     }
 
     /// Builds the validated configuration from these flags, the process environment and the
@@ -266,77 +404,6 @@ impl NodeArgs {
         I: IntoIterator<Item = (OsString, OsString)>,
     {
         NodeConfig::load(self.to_layer(), self.config.as_deref(), env)
-    }
-}
-
-/// Flags of `tessera demo`.
-#[derive(Debug, Args)]
-pub struct DemoArgs {
-    /// Number of nodes to start.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=100))]
-    pub nodes: u16,
-}
-
-const SOAK_AFTER_HELP: &str = "The nodes are this binary's `tessera node` processes, each \
-in a network namespace of its own when run as root (so that the nemesis can partition them), \
-else on 127.0.0.1 (partitions skipped, and the summary says why). Progress goes to stderr, the \
-summary to stdout. Exit status: 0 no anomalies; 1 anomalies found (the node logs and the \
-history are kept, and their directory printed); 2 bad usage; 3 the soak could not run (a node \
-would not start, the cluster did not form).";
-
-/// Flags of `tessera soak`.
-#[derive(Debug, Args)]
-pub struct SoakArgs {
-    /// How long the workload and the nemesis run, in minutes (fractions allowed)
-    #[arg(long, default_value_t = 10.0, value_parser = parse_minutes)]
-    pub minutes: f64,
-    /// Number of nodes (the nemesis impairs at most a minority of them at a time)
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(3..=9))]
-    pub nodes: u16,
-    /// Seed of the nemesis's and the clients' choices [default: random, printed]
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// The nodes' stable_after: how long the split-brain resolver waits for a stable view
-    /// (Akka's recommendation for up to 10 nodes); long pauses and partitions are drawn to
-    /// outlast it, so that nodes get downed
-    #[arg(long, value_name = "DURATION", default_value = "7s", value_parser = parse_stable_after)]
-    pub stable_after: std::time::Duration,
-    /// Print the summary as one JSON object
-    #[arg(long)]
-    pub json: bool,
-    /// Keep the nodes' data and logs and the history also when no anomaly was found
-    #[arg(long)]
-    pub keep_dir: bool,
-    /// Bound on every node's resident memory (VmRSS), in MiB
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_rss_mib: u64,
-    /// Corrupt the evidence so that the checker must find an anomaly (a check of the checker)
-    #[arg(long, hide = true, value_enum)]
-    pub sabotage: Option<crate::soak::Sabotage>,
-}
-
-/// A `stable_after` for the soak's nodes: 1 s to 1 min.
-fn parse_stable_after(value: &str) -> Result<std::time::Duration, String> {
-    let duration = humantime::parse_duration(value).map_err(|e| format!("{value:?}: {e}"))?;
-    if (std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(60)).contains(&duration)
-    {
-        Ok(duration)
-    } else {
-        Err(format!("{value}: expected 1s to 60s"))
-    }
-}
-
-/// Minutes: a positive number, at most a week.
-fn parse_minutes(value: &str) -> Result<f64, String> {
-    let minutes: f64 = value
-        .parse()
-        .map_err(|_| format!("{value:?} is not a number of minutes"))?;
-    if minutes.is_finite() && minutes > 0.0 && minutes <= 7.0 * 24.0 * 60.0 {
-        Ok(minutes)
-    } else {
-        Err(format!(
-            "{value} minutes: expected more than 0 and at most a week (10080)"
-        ))
     }
 }
 
@@ -374,123 +441,6 @@ pub struct RemoveInternalDataArgs {
     /// Entity types whose sharding data to remove, e.g. account
     #[arg(value_name = "TYPE", required = true, num_args = 1..)]
     pub types: Vec<String>,
-}
-
-/// `tessera bench ...`.
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Cluster formation and convergence at several sizes.
-    Cluster(BenchClusterArgs),
-    /// Journal write and replay throughput against raw RocksDB.
-    Journal(BenchJournalArgs),
-    /// Distributed Data latency, catch-up of a new node and idle gossip on 3 nodes.
-    Ddata(BenchDdataArgs),
-    /// Entity command throughput, recovery time and memory against the raw journal.
-    Entities(BenchEntitiesArgs),
-    /// Sharded asks against the entity host asked directly, and coordinator failover time.
-    Sharding(BenchShardingArgs),
-}
-
-/// Flags of `tessera bench ddata`.
-#[derive(Debug, Args)]
-pub struct BenchDdataArgs {
-    /// Print results as JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// A tenth of the keys and shorter phases, for a quick look.
-    #[arg(long)]
-    pub quick: bool,
-}
-
-/// Flags of `tessera bench cluster`.
-#[derive(Debug, Args)]
-pub struct BenchClusterArgs {
-    /// Cluster sizes to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [3u16, 10, 25],
-          value_parser = clap::value_parser!(u16).range(2..=1000))]
-    pub nodes: Vec<u16>,
-    /// Print results as JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// Flags of `tessera bench journal`.
-#[derive(Debug, Args)]
-pub struct BenchJournalArgs {
-    /// Print results as JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// A tenth of the data and one-second phases, for a quick look.
-    #[arg(long)]
-    pub quick: bool,
-    /// Run only the append or only the replay workloads (with `--replicated`, the replay
-    /// workloads are the replay and the recovery).
-    #[arg(long, value_enum, value_name = "KIND")]
-    pub only: Option<JournalWorkloadKind>,
-    /// The replicated journal of a three-node cluster (loopback TCP, N = 3, W = 2) against the
-    /// local journal, instead of the local journal against RocksDB.
-    #[arg(long)]
-    pub replicated: bool,
-    /// Directory for the benchmark's databases (created, then removed) [default: a fresh
-    /// directory in the system temp dir]. Put it on the disk you want to measure.
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-}
-
-/// The two kinds of workload of `tessera bench journal`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum JournalWorkloadKind {
-    /// `append-*`: concurrent appends with fsync.
-    Append,
-    /// `replay-*`: replays of one log and of many.
-    Replay,
-}
-
-/// Flags of `tessera bench entities`.
-#[derive(Debug, Args)]
-pub struct BenchEntitiesArgs {
-    /// Print results as JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// A tenth of the sizes and short phases, for a quick look.
-    #[arg(long)]
-    pub quick: bool,
-    /// Directory for the benchmark's databases (created, then removed) [default: a fresh
-    /// directory in the system temp dir]. Put it on the disk you want to measure.
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-}
-
-/// Flags of `tessera bench sharding`.
-#[derive(Debug, Args)]
-pub struct BenchShardingArgs {
-    /// Print results as JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Shorter phases and the failover with Distributed Data only, for a quick look.
-    #[arg(long)]
-    pub quick: bool,
-    /// Run only these workloads, comma-separated (each ask workload on one node and on two)
-    /// [default: all].
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "WORKLOAD")]
-    pub only: Vec<ShardingWorkloadKind>,
-    /// Directory for the nodes' data (created, then removed) [default: a fresh directory in
-    /// the system temp dir]. Put it on the disk you want to measure.
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-}
-
-/// The workloads of `tessera bench sharding`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ShardingWorkloadKind {
-    /// `query-*`: asks that persist nothing.
-    Query,
-    /// `persist-always-*`: deposits, the journal fsyncing every write.
-    PersistAlways,
-    /// `persist-never-*`: deposits, the journal never fsyncing.
-    PersistNever,
-    /// `failover-*`: the coordinator's node killed.
-    Failover,
 }
 
 #[cfg(test)]
@@ -844,16 +794,23 @@ mod tests {
     }
 
     #[test]
-    fn demo_nodes_defaults_to_three() {
-        assert!(matches!(
-            parse(&["demo"]).command,
-            Command::Demo(DemoArgs { nodes: 3 })
-        ));
-        assert!(matches!(
-            parse(&["demo", "--nodes", "5"]).command,
-            Command::Demo(DemoArgs { nodes: 5 })
-        ));
-        assert!(Cli::try_parse_from(["tessera", "demo", "--nodes", "0"]).is_err());
+    fn entity_flags_set_a_types_own_keys() {
+        let config = node(&[
+            "--entity",
+            "cart.passivate_after=30s,cart.number_of_shards=64",
+            "--entity",
+            "shop.stock.snapshot_every=5",
+        ])
+        .to_config_with_env(no_env())
+        .unwrap();
+        let cart = config.entity_section("cart");
+        assert_eq!(cart.passivate_after, Some(Duration::from_secs(30)));
+        assert_eq!(cart.number_of_shards, Some(64));
+        assert_eq!(config.entity_section("shop.stock").snapshot_every, Some(5));
+        for bad in ["cart", "cart=1", ".snapshot_every=1", "cart.host=x"] {
+            let refused = Cli::try_parse_from(["tessera", "node", "--entity", bad]);
+            assert!(refused.is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -881,84 +838,5 @@ mod tests {
             "d",
         ];
         assert!(Cli::try_parse_from(no_type).is_err());
-    }
-
-    #[test]
-    fn bench_cluster_sizes_and_json() {
-        match parse(&["bench", "cluster"]).command {
-            Command::Bench(BenchCommand::Cluster(a)) => {
-                assert_eq!(a.nodes, vec![3, 10, 25]);
-                assert!(!a.json);
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["bench", "cluster", "--nodes", "5,50", "--json"]).command {
-            Command::Bench(BenchCommand::Cluster(a)) => {
-                assert_eq!(a.nodes, vec![5, 50]);
-                assert!(a.json);
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn bench_journal_flags() {
-        match parse(&["bench", "journal", "--json", "--quick"]).command {
-            Command::Bench(BenchCommand::Journal(a)) => {
-                assert!(a.json && a.quick && a.only.is_none())
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["bench", "journal", "--only", "replay"]).command {
-            Command::Bench(BenchCommand::Journal(a)) => {
-                assert_eq!(a.only, Some(JournalWorkloadKind::Replay))
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["bench", "journal", "--replicated", "--quick"]).command {
-            Command::Bench(BenchCommand::Journal(a)) => assert!(a.replicated && a.quick),
-            other => panic!("{other:?}"),
-        }
-        match parse(&["bench", "journal", "--replicated", "--only", "append"]).command {
-            Command::Bench(BenchCommand::Journal(a)) => {
-                assert!(a.replicated);
-                assert_eq!(a.only, Some(JournalWorkloadKind::Append));
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(Cli::try_parse_from(["tessera", "bench", "journal", "--only", "scan"]).is_err());
-        assert!(Cli::try_parse_from(["tessera", "bench"]).is_err());
-    }
-
-    #[test]
-    fn bench_entities_flags() {
-        match parse(&["bench", "entities", "--quick", "--dir", "/tmp/b"]).command {
-            Command::Bench(BenchCommand::Entities(a)) => {
-                assert!(a.quick && !a.json);
-                assert_eq!(a.dir, Some(PathBuf::from("/tmp/b")));
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn bench_sharding_only_takes_a_list_of_workloads() {
-        match parse(&["bench", "sharding", "--only", "persist-never,failover"]).command {
-            Command::Bench(BenchCommand::Sharding(a)) => assert_eq!(
-                a.only,
-                [
-                    ShardingWorkloadKind::PersistNever,
-                    ShardingWorkloadKind::Failover
-                ]
-            ),
-            other => panic!("{other:?}"),
-        }
-        match parse(&["bench", "sharding"]).command {
-            Command::Bench(BenchCommand::Sharding(a)) => assert!(a.only.is_empty()),
-            other => panic!("{other:?}"),
-        }
-        assert!(
-            Cli::try_parse_from(["tessera", "bench", "sharding", "--only", "persist"]).is_err()
-        );
     }
 }

@@ -8,10 +8,11 @@
 //! [`NodeConfig::from_layer`], so that a bad value gets the same message whichever source it
 //! came from: the key, the value, and what is allowed.
 
+use crate::entity_settings::{ENTITY_KEYS, EntitySettings, section_name};
 use crate::logging::{self, LogFormat};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::ffi::OsString;
 use std::fmt;
@@ -245,6 +246,10 @@ pub struct NodeConfig {
     /// Most HTTP connections open at once, so that idle or slow clients cannot exhaust the
     /// node.
     pub http_max_connections: u32,
+    /// Entity types' own settings, from their sections, by [`section_name`]: they win over
+    /// the node-wide keys and over what the code registering the type set. A section no
+    /// registered type goes by stops the node ([`ConfigError::UnknownEntitySection`]).
+    pub entities: BTreeMap<String, EntitySettings>,
 }
 
 impl Default for NodeConfig {
@@ -323,6 +328,7 @@ impl Default for NodeConfig {
             http_request_timeout: Duration::from_secs(30),
             http_max_concurrent_requests: 4096,
             http_max_connections: 4096,
+            entities: BTreeMap::new(),
         }
     }
 }
@@ -620,6 +626,40 @@ pub enum ConfigError {
         /// The known variable closest to it, if any is close.
         closest: Option<String>,
     },
+    /// A key in an entity type's section that is not a per-type key.
+    #[error("{key} cannot be set for one entity type; an [entity.<type>] section takes {allowed}")]
+    NotAnEntityKey {
+        /// The key.
+        key: String,
+        /// The keys a section takes.
+        allowed: String,
+    },
+    /// A value in an entity type's section (or set by the code registering it) that is not
+    /// allowed.
+    #[error("entity type {type_name}: {source}")]
+    EntitySection {
+        /// The section's type.
+        type_name: String,
+        /// What is wrong with it.
+        source: Box<ConfigError>,
+    },
+    /// A section for an entity type this node does not register (most likely a typo).
+    #[error(
+        "the configuration has a section for entity type {section}, but this node registers \
+         {registered}"
+    )]
+    UnknownEntitySection {
+        /// The section's name.
+        section: String,
+        /// The registered types.
+        registered: String,
+    },
+    /// An `--entity` flag that is not `<type>.<key>=<value>`.
+    #[error("--entity {value:?}: expected <type>.<key>=<value>, like account.passivate_after=30s")]
+    EntityFlag {
+        /// The flag's value.
+        value: String,
+    },
     /// A `TESSERA_*` variable that is not valid Unicode.
     #[error("environment variable {name} is not valid UTF-8")]
     NonUnicodeEnv {
@@ -909,6 +949,13 @@ pub struct ConfigLayer {
     /// HTTP connections open at once, 1..=100000 [default: 4096]
     #[arg(long, value_name = "N")]
     pub http_max_connections: Option<Scalar>,
+    /// Entity types' own sections (`[entity.<type>]`), by [`section_name`]: each sets some of
+    /// the per-type keys ([`ENTITY_KEYS`]) for that type alone. Set from the file, from
+    /// `TESSERA_ENTITY_<TYPE>_<KEY>` and from `--entity <type>.<key>=<value>` (of `tessera
+    /// node`), not a flag of its own.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub entity: BTreeMap<String, ConfigLayer>,
 }
 
 /// Every configuration key, in definition order: the fields of [`ConfigLayer`] (read from its
@@ -932,6 +979,13 @@ pub fn env_var_of(key: &str) -> String {
 /// (the key), so that no variable name is written by hand. For `mut_args` on the command that
 /// holds the flags.
 pub fn with_env_in_help(arg: clap::Arg) -> clap::Arg {
+    // A flag whose help names its variables already (`--entity`) keeps its own.
+    if arg
+        .get_help()
+        .is_some_and(|help| help.to_string().contains("[env: "))
+    {
+        return arg;
+    }
     let env = env_var_of(arg.get_id().as_str());
     let help = arg.get_help().map(|help| format!("{help} [env: {env}]"));
     let long_help = arg
@@ -950,10 +1004,24 @@ pub fn with_env_in_help(arg: clap::Arg) -> clap::Arg {
 impl ConfigLayer {
     /// Parses a TOML config file's text. Unknown keys are an error.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::ParseFile {
+        let layer: ConfigLayer = toml::from_str(text).map_err(|e| ConfigError::ParseFile {
             path: path.to_path_buf(),
             message: e.to_string().trim_end().to_string(),
-        })
+        })?;
+        // Two sections that go by one name would be merged in no order anyone wrote.
+        let mut seen = BTreeMap::new();
+        for name in layer.entity.keys() {
+            if let Some(other) = seen.insert(section_name(name), name) {
+                return Err(ConfigError::ParseFile {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "[entity.{other}] and [entity.{name}] are one type's section (names \
+                         ignore case, '-', '.' and '_'); merge them"
+                    ),
+                });
+            }
+        }
+        Ok(layer)
     }
 
     /// Reads and parses a TOML config file.
@@ -979,18 +1047,28 @@ impl ConfigLayer {
             if !name_text.starts_with(ENV_PREFIX) || ENV_VARS_NOT_KEYS.contains(&&*name_text) {
                 continue;
             }
-            let Some(key) = keys().iter().find(|key| env_var_of(key) == name_text) else {
+            let key = keys().iter().find(|key| env_var_of(key) == name_text);
+            let entity_key = || entity_env_var(&name_text);
+            if key.is_none() && entity_key().is_none() {
                 return Err(ConfigError::UnknownEnv {
                     closest: closest_env_var(&name_text),
                     name: name_text.into_owned(),
                 });
-            };
+            }
             let value = value
                 .into_string()
                 .map_err(|_| ConfigError::NonUnicodeEnv {
                     name: name_text.to_string(),
                 })?;
-            layer.set(key, value);
+            match (key, entity_key()) {
+                (Some(key), _) => {
+                    layer.set(key, value);
+                }
+                (None, Some((section, key))) => {
+                    layer.entity.entry(section).or_default().set(key, value);
+                }
+                (None, None) => {}
+            }
         }
         Ok(layer)
     }
@@ -1008,10 +1086,30 @@ impl ConfigLayer {
 
     /// Stacks `over` on top of `self`: every key `over` sets wins (lists are replaced, not
     /// appended, so `--seed` on the command line replaces the file's seed nodes).
-    pub fn overridden_by(self, over: ConfigLayer) -> ConfigLayer {
+    pub fn overridden_by(mut self, mut over: ConfigLayer) -> ConfigLayer {
+        // Entity sections merge key by key, by the name they go by.
+        let mut sections: BTreeMap<String, ConfigLayer> = BTreeMap::new();
+        for (name, section) in std::mem::take(&mut self.entity)
+            .into_iter()
+            .chain(std::mem::take(&mut over.entity))
+        {
+            let name = section_name(&name);
+            let merged = match sections.remove(&name) {
+                Some(below) => below.overridden_by(section),
+                None => section,
+            };
+            sections.insert(name, merged);
+        }
         let mut table = self.to_table();
         table.extend(over.to_table());
-        Self::from_table(table)
+        let mut layer = Self::from_table(table);
+        layer.entity = sections;
+        layer
+    }
+
+    /// The keys this layer sets (`entity` too, when it holds sections).
+    pub fn keys_set(&self) -> Vec<String> {
+        self.to_table().keys().cloned().collect()
     }
 
     /// The keys this layer sets, as a TOML table (unset keys are left out).
@@ -1046,6 +1144,24 @@ fn closest_env_var(name: &str) -> Option<String> {
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, candidate)| candidate)
 }
+
+/// The entity section and per-type key of `TESSERA_ENTITY_<TYPE>_<KEY>`, if `name` is one:
+/// `<KEY>` is the longest per-type key it ends with, and what is left before it is the type's
+/// section name (in upper case, `-` and `.` as `_`).
+fn entity_env_var(name: &str) -> Option<(String, &'static str)> {
+    let rest = name.strip_prefix(ENTITY_ENV_PREFIX)?;
+    ENTITY_KEYS
+        .iter()
+        .filter_map(|key| {
+            let section = rest.strip_suffix(&key.to_ascii_uppercase())?;
+            let section = section.strip_suffix('_')?;
+            (!section.is_empty()).then(|| (section_name(section), *key))
+        })
+        .max_by_key(|(_, key)| key.len())
+}
+
+/// The prefix of an entity type's own variables: `TESSERA_ENTITY_<TYPE>_<KEY>`.
+pub const ENTITY_ENV_PREFIX: &str = "TESSERA_ENTITY_";
 
 /// Deserialises a list key: a TOML array of strings, or text of comma-separated items (from
 /// the environment or [`ConfigLayer::set`]).
@@ -1177,7 +1293,18 @@ impl NodeConfig {
                 ));
             }
         };
+        let mut entities = BTreeMap::new();
+        for (name, section) in &layer.entity {
+            let settings = EntitySettings::from_section(section).map_err(|source| {
+                ConfigError::EntitySection {
+                    type_name: name.clone(),
+                    source: Box::new(source),
+                }
+            })?;
+            entities.insert(section_name(name), settings);
+        }
         let config = NodeConfig {
+            entities,
             port: opt(layer.port, "port", parse_port)?.unwrap_or(d.port),
             http_port: opt(layer.http_port, "http_port", parse_port)?.unwrap_or(d.http_port),
             seed_nodes: match layer.seed_nodes {
@@ -1652,6 +1779,39 @@ impl NodeConfig {
     /// The address the cluster transport binds to and advertises.
     pub fn cluster_address(&self) -> Address {
         Address::new(self.host.clone(), self.port)
+    }
+
+    /// The settings of entity type `type_name`'s section (none set when it has none).
+    pub fn entity_section(&self, type_name: &str) -> EntitySettings {
+        self.entities
+            .get(&section_name(type_name))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Refuses a section that none of `registered` (the node's entity types) goes by.
+    pub fn check_entity_sections<'a>(
+        &self,
+        registered: impl IntoIterator<Item = &'a str> + Clone,
+    ) -> Result<(), ConfigError> {
+        for section in self.entities.keys() {
+            if !registered
+                .clone()
+                .into_iter()
+                .any(|t| section_name(t) == *section)
+            {
+                let names: Vec<&str> = registered.into_iter().collect();
+                return Err(ConfigError::UnknownEntitySection {
+                    section: section.clone(),
+                    registered: if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 
     /// `node_active_entity_limit` as a budget's limit: `None` for 0 (no limit).
@@ -3269,6 +3429,80 @@ mod tests {
             err.to_string(),
             "http_token and http_token_file are both set: they are two ways to give the same \
              token; pick one"
+        );
+    }
+
+    #[test]
+    fn entity_sections_come_from_the_file_the_environment_and_win_in_that_order() {
+        let file = ConfigLayer::from_toml(
+            "passivate_after = \"2m\"\n[entity.shop-cart]\npassivate_after = \"30s\"\n\
+             number_of_shards = 64\n",
+            Path::new("node.toml"),
+        )
+        .unwrap();
+        let env = ConfigLayer::from_env(vec![
+            (
+                OsString::from("TESSERA_ENTITY_SHOP_CART_NUMBER_OF_SHARDS"),
+                OsString::from("32"),
+            ),
+            // A node-wide key whose name starts like an entity type's variable.
+            (
+                OsString::from("TESSERA_ENTITY_ASK_TIMEOUT"),
+                OsString::from("3s"),
+            ),
+        ])
+        .unwrap();
+        let config = NodeConfig::from_layer(file.overridden_by(env)).unwrap();
+        assert_eq!(config.entity_ask_timeout, Duration::from_secs(3));
+        assert_eq!(config.passivate_after, Duration::from_secs(120));
+        let cart = config.entity_section("shop.cart");
+        assert_eq!(cart.passivate_after, Some(Duration::from_secs(30)));
+        assert_eq!(cart.number_of_shards, Some(32));
+        assert_eq!(config.entity_section("stock"), EntitySettings::default());
+        config
+            .check_entity_sections(["shop-cart", "stock"])
+            .unwrap();
+        assert_eq!(
+            config
+                .check_entity_sections(["cart"])
+                .unwrap_err()
+                .to_string(),
+            "the configuration has a section for entity type shop_cart, but this node \
+             registers cart"
+        );
+    }
+
+    #[test]
+    fn a_bad_entity_section_names_its_type_and_key() {
+        let bad = ConfigLayer::from_toml(
+            "[entity.cart]\nnumber_of_shards = 0\n",
+            Path::new("node.toml"),
+        )
+        .unwrap();
+        let error = NodeConfig::from_layer(bad).unwrap_err().to_string();
+        assert!(error.starts_with("entity type cart: "), "{error}");
+        assert!(error.contains("number_of_shards"), "{error}");
+        let node_key =
+            ConfigLayer::from_toml("[entity.cart]\nhost = \"x\"\n", Path::new("n.toml")).unwrap();
+        let error = NodeConfig::from_layer(node_key).unwrap_err().to_string();
+        assert!(
+            error.contains("host cannot be set for one entity type"),
+            "{error}"
+        );
+        let twice = ConfigLayer::from_toml(
+            "[entity.Cart]\nsnapshot_every = 1\n[entity.cart]\nsnapshot_every = 2\n",
+            Path::new("n.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(twice.contains("are one type's section"), "{twice}");
+        assert!(
+            ConfigLayer::from_env(vec![(
+                OsString::from("TESSERA_ENTITY_CART_PASIVATE_AFTER"),
+                OsString::from("1s")
+            )])
+            .is_err(),
+            "a misspelt per-type key is refused"
         );
     }
 }

@@ -1,8 +1,7 @@
-//! The entity types this node hosts, and the JSON face the HTTP API talks to.
+//! The entity types a node runs, as its HTTP API sees them: each type's JSON face, by name.
 
-pub mod account;
+mod json;
 mod registry;
-mod sharded;
 
-pub use registry::{EntityTypes, JsonAskError, JsonEntityType};
-pub use sharded::JsonShardHost;
+pub use json::{JsonEntity, JsonFace};
+pub use registry::JsonEntities;

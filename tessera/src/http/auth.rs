@@ -15,7 +15,8 @@
 //! The check runs as middleware, before any extractor or handler: a refused request changes
 //! nothing and its body is never read.
 
-use super::server::{HttpSettings, HttpStats};
+use super::settings::HttpSettings;
+use super::stats::HttpStats;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};

@@ -12,24 +12,26 @@
 //!   acknowledged; its events may or may not appear later;
 //! - 500 only for a bug in the entity type's encoding (the body says whether it applied).
 //!
-//! Error bodies are `{"error": "...", "outcome": "not_applied" | "unknown" | "applied"}`.
+//! Error bodies are `{"error": "...", "outcome": "not_applied" | "unknown" | "applied"}`, and
+//! a 409 also carries the entity type's rejection as JSON under `"rejection"`.
+//!
+//! JSON exists only here: the command is decoded once into its type's Rust command, and the
+//! reply encoded once; between nodes they travel in postcard.
 
 use super::{ApiError, MAX_BODY_BYTES, method_not_allowed};
-use crate::entities::{EntityTypes, JsonAskError};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use std::sync::Arc;
 use tessera_coordinator::host::{AskFailure, AskOutcome, FailureKind};
 
-/// Where `POST /entities/{type}/{id}` sends its commands: this node's own hosts, or the
-/// cluster's sharding.
+/// Where `POST /entities/{type}/{id}` sends its commands: the node's entity types
+/// ([`crate::entities::JsonEntities`]), each through cluster sharding.
 pub trait EntityBackend: Send + Sync + 'static {
     /// Sends a JSON command to entity `id` of `entity_type` and returns its JSON reply.
     fn ask(
@@ -38,25 +40,6 @@ pub trait EntityBackend: Send + Sync + 'static {
         id: &str,
         command: Value,
     ) -> BoxFuture<'static, Result<Value, CommandError>>;
-}
-
-impl EntityBackend for EntityTypes {
-    fn ask(
-        &self,
-        entity_type: &str,
-        id: &str,
-        command: Value,
-    ) -> BoxFuture<'static, Result<Value, CommandError>> {
-        let Some(host) = self.get(entity_type) else {
-            let error = ApiError::bad_request(format!(
-                "unknown entity type {entity_type:?}: this node hosts {}",
-                self.names().join(", ")
-            ));
-            return futures::future::ready(Err(error.into())).boxed();
-        };
-        let reply = host.ask_json(id, command);
-        async move { reply.await.map_err(CommandError::from) }.boxed()
-    }
 }
 
 /// The entity routes over `backend`, to be merged into the management API's router.
@@ -69,22 +52,53 @@ pub fn router<B: EntityBackend>(backend: Arc<B>) -> Router {
         .with_state(backend)
 }
 
-/// A command that got no reply: its status, what happened, and whether it took effect.
+/// A command that got no reply: its status, what happened, whether it took effect, and the
+/// entity's rejection when it refused the command.
 #[derive(Debug)]
 pub struct CommandError {
     pub status: StatusCode,
     pub message: String,
     /// `not_applied`, `unknown` or `applied`.
     pub outcome: &'static str,
+    /// The entity type's rejection, as JSON (a 409).
+    pub rejection: Option<Value>,
+}
+
+impl CommandError {
+    /// A request refused before it reached an entity (400): not applied.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::bad_request(message).into()
+    }
+
+    /// The entity refused the command (409): nothing was persisted. `message` is the
+    /// rejection's text, `rejection` the rejection itself.
+    pub fn rejected(message: String, rejection: Option<Value>) -> Self {
+        CommandError {
+            status: StatusCode::CONFLICT,
+            message,
+            outcome: AskOutcome::NotApplied.as_str(),
+            rejection,
+        }
+    }
+
+    /// A bug in the entity type's encoding (500), with whether the command took effect.
+    pub fn internal(message: String, outcome: AskOutcome) -> Self {
+        CommandError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+            outcome: outcome.as_str(),
+            rejection: None,
+        }
+    }
 }
 
 impl IntoResponse for CommandError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(serde_json::json!({ "error": self.message, "outcome": self.outcome })),
-        )
-            .into_response()
+        let mut body = serde_json::json!({ "error": self.message, "outcome": self.outcome });
+        if let Some(rejection) = self.rejection {
+            body["rejection"] = rejection;
+        }
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -95,6 +109,7 @@ impl From<ApiError> for CommandError {
             status: error.status,
             message: error.message,
             outcome: "not_applied",
+            rejection: None,
         }
     }
 }
@@ -115,7 +130,6 @@ impl From<AskFailure> for CommandError {
             // Whatever went wrong, a command that may have taken effect is a 504.
             _ if failure.outcome == AskOutcome::Unknown => StatusCode::GATEWAY_TIMEOUT,
             FailureKind::BadRequest => StatusCode::BAD_REQUEST,
-            FailureKind::Rejected => StatusCode::CONFLICT,
             FailureKind::Unavailable | FailureKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             FailureKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             FailureKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -124,27 +138,24 @@ impl From<AskFailure> for CommandError {
             status,
             message: failure.message,
             outcome: failure.outcome.as_str(),
+            rejection: None,
         }
-    }
-}
-
-impl From<JsonAskError> for CommandError {
-    fn from(error: JsonAskError) -> Self {
-        error.to_failure().into()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entities::account::Account;
+    use crate::entities::{JsonEntities, JsonEntity, JsonFace};
+    use crate::http::test_support::Tally;
     use axum::body::Body;
     use axum::http::{Method, Request, header};
     use serde_json::json;
+    use std::collections::BTreeMap;
     use tessera_entities::{EntityConfig, EntityHost};
     use tower::ServiceExt;
 
-    async fn types() -> (Arc<EntityTypes>, tempfile::TempDir) {
+    async fn types() -> (Arc<JsonEntities>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let mut journal = tessera_journal::JournalConfig::new(dir.path().join("journal"));
         journal.fsync = tessera_journal::FsyncPolicy::Never;
@@ -155,18 +166,18 @@ mod tests {
         .await
         .unwrap();
         let host = EntityHost::start(
-            Account,
+            Tally,
             Arc::new(journal),
             Arc::new(snapshots),
             EntityConfig::default(),
         )
         .unwrap();
-        let mut types = EntityTypes::new();
-        types.register(host);
+        let face: Arc<dyn JsonEntity> = Arc::new(JsonFace::over_host(Arc::new(host)));
+        let types = JsonEntities::new(BTreeMap::from([("tally".to_string(), face)]));
         (Arc::new(types), dir)
     }
 
-    async fn post(types: &Arc<EntityTypes>, uri: &str, body: &str) -> (StatusCode, Value) {
+    async fn post(types: &Arc<JsonEntities>, uri: &str, body: &str) -> (StatusCode, Value) {
         let request = Request::builder()
             .method(Method::POST)
             .uri(uri)
@@ -189,35 +200,35 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn account_commands_reply_with_the_balance() {
+    async fn commands_reply_with_json_and_rejections_carry_the_rejection() {
         let (types, _dir) = types().await;
-        let alice = "/entities/account/alice";
+        let a = "/entities/tally/a";
         assert_eq!(
-            post(&types, alice, r#"{"deposit": 10}"#).await,
-            (StatusCode::OK, json!({"balance": 10}))
+            post(&types, a, r#"{"add": 10}"#).await,
+            (StatusCode::OK, json!(10))
         );
         assert_eq!(
-            post(&types, alice, r#"{"withdraw": 4}"#).await,
-            (StatusCode::OK, json!({"balance": 6}))
+            post(&types, a, r#"{"take": 4}"#).await,
+            (StatusCode::OK, json!(6))
         );
-        assert_eq!(
-            post(&types, alice, r#"{"get": null}"#).await,
-            (StatusCode::OK, json!({"balance": 6}))
-        );
-        let (status, body) = post(&types, alice, r#"{"withdraw": 7}"#).await;
+        let (status, body) = post(&types, a, r#"{"take": 7}"#).await;
         assert_eq!(status, StatusCode::CONFLICT);
         assert_eq!(
-            error_of(&body),
-            "insufficient funds: cannot withdraw 7 from a balance of 6"
+            body,
+            json!({
+                "error": "cannot take 7 from a tally of 6",
+                "outcome": "not_applied",
+                "rejection": {"too_little": {"tally": 6, "asked": 7}},
+            })
         );
         assert_eq!(
-            post(&types, alice, r#"{"get": null}"#).await,
-            (StatusCode::OK, json!({"balance": 6}))
+            post(&types, a, r#"{"get": null}"#).await,
+            (StatusCode::OK, json!(6))
         );
-        // Percent-encoded ids are decoded; another id is another account.
+        // Percent-encoded ids are decoded; another id is another entity.
         assert_eq!(
-            post(&types, "/entities/account/bob%20smith", r#"{"get": null}"#).await,
-            (StatusCode::OK, json!({"balance": 0}))
+            post(&types, "/entities/tally/bob%20smith", r#"{"get": null}"#).await,
+            (StatusCode::OK, json!(0))
         );
     }
 
@@ -228,35 +239,35 @@ mod tests {
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(
             error_of(&body),
-            r#"unknown entity type "cart": this node hosts account"#
+            r#"unknown entity type "cart": this node runs tally"#
         );
 
-        let (status, body) = post(&types, "/entities/account/a%0Ab", r#"{"get": null}"#).await;
+        let (status, body) = post(&types, "/entities/tally/a%0Ab", r#"{"get": null}"#).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(error_of(&body).starts_with("invalid entity id"), "{body}");
         assert!(error_of(&body).contains("control character"), "{body}");
 
-        let long = format!("/entities/account/{}", "x".repeat(300));
+        let long = format!("/entities/tally/{}", "x".repeat(300));
         let (status, body) = post(&types, &long, r#"{"get": null}"#).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(error_of(&body).contains("more than 256"), "{body}");
 
         for bad in [
             r#"{"transfer": 1}"#,
-            r#"{"deposit": -5}"#,
+            r#"{"add": -5}"#,
             r#"{"get": 1}"#,
             "{}",
         ] {
-            let (status, body) = post(&types, "/entities/account/a", bad).await;
+            let (status, body) = post(&types, "/entities/tally/a", bad).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
             assert!(
-                error_of(&body).starts_with("invalid command for entity type account"),
+                error_of(&body).starts_with("invalid command for entity type tally"),
                 "{bad}: {body}"
             );
         }
         // Every error says whether the command took effect.
         assert_eq!(body["outcome"], "not_applied", "{body}");
-        let (status, body) = post(&types, "/entities/account/a", "{not json").await;
+        let (status, body) = post(&types, "/entities/tally/a", "{not json").await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(
             error_of(&body).starts_with("invalid request body"),
@@ -284,7 +295,7 @@ mod tests {
         assert_eq!(alive.status(), StatusCode::OK);
         let wrong = app
             .clone()
-            .oneshot(request(Method::GET, "/entities/account/a"))
+            .oneshot(request(Method::GET, "/entities/tally/a"))
             .await
             .unwrap();
         assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);

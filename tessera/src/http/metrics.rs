@@ -1205,7 +1205,7 @@ TYPE tessera_transport_sends_refused_too_many_peers_total counter
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_running_node_times_entity_asks_journal_writes_and_ddata_calls() {
         use crate::config::{ClusterSecret, NodeConfig};
-        use crate::http_client;
+        use crate::http::test_support as http_client;
         use std::time::{Duration, Instant};
         const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -1219,7 +1219,11 @@ TYPE tessera_transport_sends_refused_too_many_peers_total counter
             cluster_secret: Some(ClusterSecret::new("metrics-test")),
             ..NodeConfig::default()
         };
-        let node = crate::node::start(&config).await.expect("node starts");
+        let node = crate::node::NodeBuilder::new()
+            .entity(crate::http::test_support::Tally)
+            .start(&config)
+            .await
+            .expect("node starts");
         node.cluster
             .join(node.cluster_address().clone())
             .await
@@ -1234,7 +1238,7 @@ TYPE tessera_transport_sends_refused_too_many_peers_total counter
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let http = node.http_address;
+        let http = node.http_address();
         let call = |method: &'static str, path: &'static str, body: Option<&'static str>| async move {
             let reply = http_client::request(http, method, path, body, TIMEOUT)
                 .await
@@ -1242,7 +1246,7 @@ TYPE tessera_transport_sends_refused_too_many_peers_total counter
             assert_eq!(reply.status, 200, "{method} {path}: {}", reply.body);
         };
         for _ in 0..3 {
-            call("POST", "/entities/account/alice", Some(r#"{"deposit": 5}"#)).await;
+            call("POST", "/entities/tally/alice", Some(r#"{"add": 5}"#)).await;
         }
         call(
             "POST",
@@ -1259,17 +1263,17 @@ TYPE tessera_transport_sends_refused_too_many_peers_total counter
 
         let asks = "tessera_entity_ask_duration_seconds";
         assert_eq!(
-            sample(&text, &format!("{asks}_count{{type=\"account\"}}")),
+            sample(&text, &format!("{asks}_count{{type=\"tally\"}}")),
             3.0
         );
         assert_eq!(
             sample(
                 &text,
-                &format!("{asks}_bucket{{type=\"account\",le=\"+Inf\"}}")
+                &format!("{asks}_bucket{{type=\"tally\",le=\"+Inf\"}}")
             ),
             3.0
         );
-        assert!(sample(&text, &format!("{asks}_sum{{type=\"account\"}}")) > 0.0);
+        assert!(sample(&text, &format!("{asks}_sum{{type=\"tally\"}}")) > 0.0);
         // Three deposits one after the other: an append and a synced group commit each.
         for appends in [
             "tessera_journal_append_duration_seconds",

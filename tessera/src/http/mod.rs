@@ -1,4 +1,4 @@
-//! HTTP management API (ARCHITECTURE §8): cluster members, join/leave/down, health, metrics.
+//! HTTP management API (docs/src/design.md §8): cluster members, join/leave/down, health, metrics.
 //!
 //! The API reaches the cluster only through [`ClusterControl`], which the node wiring
 //! implements for the real cluster and the tests implement with a fake. Every error is JSON
@@ -17,11 +17,15 @@ pub mod journal;
 mod members;
 mod metrics;
 mod server;
+mod settings;
 pub mod sharding;
+mod stats;
 
 pub use members::{JOIN_WAIT_DEFAULT, JOIN_WAIT_MAX, MemberView, MembersView};
 pub use metrics::{Latencies, NodeMetrics, RefusedConnections, ShardingMetrics, render_prometheus};
-pub use server::{HttpServer, HttpSettings, HttpStats, HttpStatsSnapshot};
+pub use server::HttpServer;
+pub use settings::HttpSettings;
+pub use stats::{HttpStats, HttpStatsSnapshot};
 
 use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::{JsonRejection, PathRejection};

@@ -6,6 +6,8 @@
 //! Reading order: [`HttpServer::serve`] accepts and shuts down, [`connection`] runs one
 //! client, [`Requests::handle`] runs one request.
 
+use super::settings::HttpSettings;
+use super::stats::{HttpStats, bump};
 use super::{ApiError, ClusterControl, auth, outcome_unknown};
 use axum::Router;
 use axum::body::Body;
@@ -15,11 +17,10 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -33,142 +34,6 @@ const SHUTDOWN_MARGIN: Duration = Duration::from_secs(1);
 /// Pause after an accept error that is not about one connection (e.g. out of file
 /// descriptors), so that the loop does not spin while the condition lasts.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(200);
-
-/// The HTTP API's security and limits, built by the node from its configuration.
-#[derive(Clone, PartialEq, Eq)]
-pub struct HttpSettings {
-    /// The bearer token (`http_token`, `TESSERA_HTTP_TOKEN` or a token file). None: mutating
-    /// endpoints are open, which the node allows only when HTTP binds loopback.
-    pub token: Option<String>,
-    /// Reads need the token too: set when HTTP binds a non-loopback address.
-    pub token_required_for_reads: bool,
-    /// Longest time a client may take to send a request's headers (`http_header_timeout`).
-    /// Also closes keep-alive connections idle for that long.
-    pub header_timeout: Duration,
-    /// Longest time from a request's headers to the start of its response
-    /// (`http_request_timeout`), reading the request body included; then 504. A response
-    /// body that streams on (the dashboard's event stream) is not cut.
-    pub request_timeout: Duration,
-    /// Requests handled at once (`http_max_concurrent_requests`); beyond, 503 at once.
-    /// Health probes are not counted.
-    pub max_concurrent_requests: usize,
-    /// Open connections (`http_max_connections`); beyond, new ones get 503 and are closed.
-    pub max_connections: usize,
-}
-
-impl Default for HttpSettings {
-    /// No token (loopback only), reads open, 10 s to send headers, 30 s per request, 4,096
-    /// requests at once, 4,096 connections (a thousand callers at once is ordinary load, and
-    /// an in-flight request costs a few kilobytes).
-    fn default() -> Self {
-        Self {
-            token: None,
-            token_required_for_reads: false,
-            header_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(30),
-            max_concurrent_requests: 4096,
-            max_connections: 4096,
-        }
-    }
-}
-
-impl fmt::Debug for HttpSettings {
-    /// Everything but the token itself, so that logging the settings never leaks it.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpSettings")
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("token_required_for_reads", &self.token_required_for_reads)
-            .field("header_timeout", &self.header_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("max_concurrent_requests", &self.max_concurrent_requests)
-            .field("max_connections", &self.max_connections)
-            .finish()
-    }
-}
-
-impl HttpSettings {
-    /// Refuses limits that would serve nothing or that a semaphore cannot hold.
-    fn check(&self) -> io::Result<()> {
-        let invalid = |message: String| Err(io::Error::new(io::ErrorKind::InvalidInput, message));
-        for (key, value) in [
-            ("http_max_concurrent_requests", self.max_concurrent_requests),
-            ("http_max_connections", self.max_connections),
-        ] {
-            if !(1..=Semaphore::MAX_PERMITS).contains(&value) {
-                return invalid(format!(
-                    "{key} = {value}: must be between 1 and {}",
-                    Semaphore::MAX_PERMITS
-                ));
-            }
-        }
-        for (key, value) in [
-            ("http_header_timeout", self.header_timeout),
-            ("http_request_timeout", self.request_timeout),
-        ] {
-            if value.is_zero() {
-                return invalid(format!("{key} must be longer than 0"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Counters of the HTTP server, for `/metrics`. `*_total` only grow; `connections_open` is a
-/// gauge.
-#[derive(Debug, Default)]
-pub struct HttpStats {
-    connections_open: AtomicU64,
-    connections_accepted_total: AtomicU64,
-    connections_refused_total: AtomicU64,
-    header_timeouts_total: AtomicU64,
-    requests_shed_total: AtomicU64,
-    requests_timed_out_total: AtomicU64,
-    requests_unauthorized_total: AtomicU64,
-}
-
-/// A copy of [`HttpStats`] at one moment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HttpStatsSnapshot {
-    /// Connections open now.
-    pub connections_open: u64,
-    /// Connections accepted under the connection limit.
-    pub connections_accepted_total: u64,
-    /// Connections refused (503 and closed) because `max_connections` were open.
-    pub connections_refused_total: u64,
-    /// Connections closed because a request's headers, or the next request on an idle
-    /// keep-alive connection, did not arrive within `header_timeout`.
-    pub header_timeouts_total: u64,
-    /// Requests refused with 503 because `max_concurrent_requests` were in flight.
-    pub requests_shed_total: u64,
-    /// Requests answered 504 because they ran longer than `request_timeout`.
-    pub requests_timed_out_total: u64,
-    /// Requests refused with 401 (missing or wrong bearer token).
-    pub requests_unauthorized_total: u64,
-}
-
-impl HttpStats {
-    /// The counters now.
-    pub fn snapshot(&self) -> HttpStatsSnapshot {
-        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        HttpStatsSnapshot {
-            connections_open: read(&self.connections_open),
-            connections_accepted_total: read(&self.connections_accepted_total),
-            connections_refused_total: read(&self.connections_refused_total),
-            header_timeouts_total: read(&self.header_timeouts_total),
-            requests_shed_total: read(&self.requests_shed_total),
-            requests_timed_out_total: read(&self.requests_timed_out_total),
-            requests_unauthorized_total: read(&self.requests_unauthorized_total),
-        }
-    }
-
-    pub(super) fn count_unauthorized(&self) {
-        bump(&self.requests_unauthorized_total);
-    }
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
 
 /// The HTTP API server: its settings and its counters. Build the router with
 /// [`HttpServer::router`] (which applies the token policy) and run it with

@@ -163,3 +163,118 @@ impl ClusterControl for FakeControl {
         self.not_ready.lock().unwrap().clone()
     }
 }
+
+/// A small entity type for the entity routes' tests: a tally that `add` raises and `take`
+/// lowers, never below zero; every reply is the tally.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tally;
+
+/// What a tally is asked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TallyCommand {
+    Add(u64),
+    Take(u64),
+    Get,
+}
+
+/// Why a tally refused.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TallyRejection {
+    TooLittle { tally: u64, asked: u64 },
+}
+
+impl std::fmt::Display for TallyRejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TallyRejection::TooLittle { tally, asked } => {
+                write!(f, "cannot take {asked} from a tally of {tally}")
+            }
+        }
+    }
+}
+
+impl tessera_entities::EntityType for Tally {
+    type Command = TallyCommand;
+    type Event = i64;
+    type State = u64;
+    type Reply = u64;
+    type Rejection = TallyRejection;
+
+    const TYPE_NAME: &'static str = "tally";
+    const EVENT_MANIFEST: &'static str = "tally.Event";
+    const STATE_MANIFEST: &'static str = "tally.State";
+
+    fn initial_state(&self, _entity_id: &str) -> u64 {
+        0
+    }
+
+    fn handle_command(&self, tally: &u64, command: TallyCommand) -> tessera_entities::Effect<Self> {
+        use tessera_entities::Effect;
+        match command {
+            TallyCommand::Add(n) => Effect::persist(n as i64).then_reply(|tally| *tally),
+            TallyCommand::Take(n) if n > *tally => Effect::reject(TallyRejection::TooLittle {
+                tally: *tally,
+                asked: n,
+            }),
+            TallyCommand::Take(n) => Effect::persist(-(n as i64)).then_reply(|tally| *tally),
+            TallyCommand::Get => Effect::reply(*tally),
+        }
+    }
+
+    fn apply_event(&self, tally: &mut u64, event: &i64) {
+        *tally = tally.saturating_add_signed(*event);
+    }
+}
+
+/// A response to [`request`]: status and body.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(&self.body).ok()
+    }
+}
+
+/// `GET path` of a server on `address`.
+pub async fn get(
+    address: std::net::SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<HttpResponse, String> {
+    request(address, "GET", path, None, timeout).await
+}
+
+/// A request with an optional JSON body, on a connection of its own (the servers' connection
+/// counters and idle timeouts in the tests expect one per request).
+pub async fn request(
+    address: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    json_body: Option<&str>,
+    timeout: Duration,
+) -> Result<HttpResponse, String> {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| e.to_string())?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut request = client
+        .request(method, format!("http://{address}{path}"))
+        .timeout(timeout);
+    if let Some(body) = json_body {
+        request = request
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = response.text().await.map_err(|e| e.to_string())?;
+    Ok(HttpResponse { status, body })
+}

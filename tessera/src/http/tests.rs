@@ -801,8 +801,8 @@ async fn start(settings: HttpSettings, services: Router) -> Running {
 }
 
 impl Running {
-    async fn get(&self, path: &str) -> crate::http_client::HttpResponse {
-        crate::http_client::get(self.address, path, Duration::from_secs(10))
+    async fn get(&self, path: &str) -> crate::http::test_support::HttpResponse {
+        crate::http::test_support::get(self.address, path, Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"))
     }
@@ -947,7 +947,7 @@ async fn connections_beyond_the_limit_get_503_and_are_closed_until_one_closes() 
     drop(idle_1);
     let address = server.address;
     eventually("a connection served after one closed", async || {
-        crate::http_client::get(address, "/health/alive", Duration::from_secs(5))
+        crate::http::test_support::get(address, "/health/alive", Duration::from_secs(5))
             .await
             .is_ok_and(|reply| reply.status == 200)
     })
@@ -967,7 +967,7 @@ async fn requests_beyond_the_concurrency_limit_are_503_at_once_and_probes_still_
     )
     .await;
     let address = server.address;
-    let held = tokio::spawn(crate::http_client::get(
+    let held = tokio::spawn(crate::http::test_support::get(
         address,
         "/test/held",
         Duration::from_secs(20),
@@ -1061,7 +1061,7 @@ async fn shutdown_stops_accepting_and_lets_the_request_in_flight_finish() {
     let server = start(HttpSettings::default(), gate.routes()).await;
     let address = server.address;
     let idle = TcpStream::connect(address).await.unwrap();
-    let held = tokio::spawn(crate::http_client::get(
+    let held = tokio::spawn(crate::http::test_support::get(
         address,
         "/test/held",
         Duration::from_secs(20),
