@@ -1,15 +1,27 @@
-//! The `tessera` binary: `node` runs a cluster node, `demo` the main job, `soak` the nemesis
-//! soak, `bench` benchmarks, `sharding` maintenance of a stopped node's sharding data, and the
-//! client commands (`members`, `join`, `leave`, `down`, `shards`, `ddata`, `entity`) talk to a
-//! running node.
+//! The `tessera` binary: the operator's command line of a service whose one entity type is the
+//! `account` example (`node` runs a cluster node, `sharding` maintains a stopped node's
+//! sharding data, and the client commands `members`, `join`, `leave`, `down`, `shards`,
+//! `ddata` and `entity` talk to a running node), and the project's own tools: `demo` the main
+//! job, `soak` the nemesis soak, `bench` the benchmarks.
+
+mod cli;
 
 use clap::Parser;
+use cli::{ToolCli, ToolCommand as Command};
 use std::process::ExitCode;
-use tessera::cli::{BenchCommand, Cli, Command, ShardingCommand};
+use tessera::NodeBuilder;
 use tessera::logging::{self, LogFormat};
+use tessera_benches::args::BenchCommand;
+use tessera_example_account::Account;
+
+/// The `tessera` binary's service: the `account` example entity type, registered the way any
+/// service registers its types.
+fn service() -> NodeBuilder {
+    NodeBuilder::new().entity(Account)
+}
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = ToolCli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -23,47 +35,12 @@ fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
-/// Runs a client command against a node: its output on stdout, or the error on stderr with
-/// the exit code that names what failed.
-async fn run_client(command: &Command) -> ExitCode {
-    let Some((client_command, args)) = command.client() else {
-        eprintln!("error: not a client command");
-        return ExitCode::from(2);
-    };
-    match tessera::client::run(&client_command, &args.options()).await {
-        Ok(output) => {
-            println!("{output}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
-        }
-    }
-}
-
-async fn run(cli: Cli) -> ExitCode {
+async fn run(cli: ToolCli) -> ExitCode {
     match cli.command {
-        Command::Node(args) => {
-            let config = match args.to_config() {
-                Ok(config) => config,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            if let Err(e) = logging::init(config.log_format, &config.log_level) {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-            for warning in config.warnings() {
-                tracing::warn!("{warning}");
-            }
-            ExitCode::from(tessera::node::run(config).await)
-        }
+        Command::Operator(command) => tessera::cli::run(service(), command).await,
         Command::Demo(args) => {
             let _ = logging::init(LogFormat::Text, "warn");
-            match tessera::demo::run(args.nodes).await {
+            match tessera_harness::demo::run(args.nodes).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: demo failed: {e}");
@@ -73,7 +50,7 @@ async fn run(cli: Cli) -> ExitCode {
         }
         Command::Soak(args) => {
             let _ = logging::init(LogFormat::Text, "warn");
-            let options = tessera::soak::SoakOptions {
+            let options = tessera_soak::SoakOptions {
                 minutes: args.minutes,
                 nodes: usize::from(args.nodes),
                 seed: args.seed.unwrap_or_else(rand::random),
@@ -82,7 +59,7 @@ async fn run(cli: Cli) -> ExitCode {
                 max_rss_bytes: args.max_rss_mib.saturating_mul(1024 * 1024),
                 sabotage: args.sabotage,
             };
-            match tessera::soak::run(options).await {
+            match tessera_soak::run(options).await {
                 Ok(summary) => {
                     if args.json {
                         match serde_json::to_string(&summary) {
@@ -95,32 +72,18 @@ async fn run(cli: Cli) -> ExitCode {
                     if summary.valid {
                         ExitCode::SUCCESS
                     } else {
-                        ExitCode::from(tessera::soak::EXIT_ANOMALIES)
+                        ExitCode::from(tessera_soak::EXIT_ANOMALIES)
                     }
                 }
                 Err(e) => {
                     eprintln!("error: the soak could not run: {e}");
-                    ExitCode::from(tessera::soak::EXIT_HARNESS_FAILURE)
-                }
-            }
-        }
-        Command::Sharding(ShardingCommand::RemoveInternalData(args)) => {
-            let report = |removal: &tessera::sharding_tool::TypeRemoval| {
-                println!("{}", removal.describe());
-            };
-            match tessera::sharding_tool::remove_internal_data(&args.data_dir, &args.types, report)
-                .await
-            {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
+                    ExitCode::from(tessera_soak::EXIT_HARNESS_FAILURE)
                 }
             }
         }
         Command::Bench(BenchCommand::Cluster(args)) => {
             let _ = logging::init(LogFormat::Text, "warn");
-            match tessera::bench::cluster::run(&args.nodes, args.json).await {
+            match tessera_benches::cluster::run(&args.nodes, args.json).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: bench cluster failed: {e}");
@@ -131,11 +94,11 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Bench(BenchCommand::Ddata(args)) => {
             let _ = logging::init(LogFormat::Text, "warn");
             let params = if args.quick {
-                tessera::bench::ddata::DdataBenchParams::quick()
+                tessera_benches::ddata::DdataBenchParams::quick()
             } else {
-                tessera::bench::ddata::DdataBenchParams::full()
+                tessera_benches::ddata::DdataBenchParams::full()
             };
-            match tessera::bench::ddata::run(params, args.json).await {
+            match tessera_benches::ddata::run(params, args.json).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: bench ddata failed: {e}");
@@ -150,12 +113,12 @@ async fn run(cli: Cli) -> ExitCode {
             });
             if args.replicated {
                 let mut params = if args.quick {
-                    tessera::bench::replicated::ReplicatedBenchParams::quick(dir)
+                    tessera_benches::replicated::ReplicatedBenchParams::quick(dir)
                 } else {
-                    tessera::bench::replicated::ReplicatedBenchParams::full(dir)
+                    tessera_benches::replicated::ReplicatedBenchParams::full(dir)
                 };
                 params.keep_only(args.only);
-                return match tessera::bench::replicated::run(params, args.json).await {
+                return match tessera_benches::replicated::run(params, args.json).await {
                     Ok(_) => ExitCode::SUCCESS,
                     Err(e) => {
                         eprintln!("error: bench journal --replicated failed: {e}");
@@ -164,16 +127,20 @@ async fn run(cli: Cli) -> ExitCode {
                 };
             }
             let mut params = if args.quick {
-                tessera::bench::journal::JournalBenchParams::quick(dir)
+                tessera_benches::journal::JournalBenchParams::quick(dir)
             } else {
-                tessera::bench::journal::JournalBenchParams::full(dir)
+                tessera_benches::journal::JournalBenchParams::full(dir)
             };
             match args.only {
-                Some(tessera::cli::JournalWorkloadKind::Append) => params.replay_events = 0,
-                Some(tessera::cli::JournalWorkloadKind::Replay) => params.append_ids.clear(),
+                Some(tessera_benches::args::JournalWorkloadKind::Append) => {
+                    params.replay_events = 0
+                }
+                Some(tessera_benches::args::JournalWorkloadKind::Replay) => {
+                    params.append_ids.clear()
+                }
                 None => {}
             }
-            match tessera::bench::journal::run(params, args.json).await {
+            match tessera_benches::journal::run(params, args.json).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: bench journal failed: {e}");
@@ -187,11 +154,11 @@ async fn run(cli: Cli) -> ExitCode {
                 std::env::temp_dir().join(format!("tessera-bench-entities-{}", std::process::id()))
             });
             let params = if args.quick {
-                tessera::bench::entities::EntitiesBenchParams::quick(dir)
+                tessera_benches::entities::EntitiesBenchParams::quick(dir)
             } else {
-                tessera::bench::entities::EntitiesBenchParams::full(dir)
+                tessera_benches::entities::EntitiesBenchParams::full(dir)
             };
-            match tessera::bench::entities::run(params, args.json).await {
+            match tessera_benches::entities::run(params, args.json).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: bench entities failed: {e}");
@@ -199,27 +166,20 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        client @ (Command::Members(_)
-        | Command::Join(_)
-        | Command::Leave(_)
-        | Command::Down(_)
-        | Command::Shards(_)
-        | Command::Ddata(_)
-        | Command::Entity(_)) => run_client(&client).await,
         Command::Bench(BenchCommand::Sharding(args)) => {
             let _ = logging::init(LogFormat::Text, "warn");
             let dir = args.dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("tessera-bench-sharding-{}", std::process::id()))
             });
             let mut params = if args.quick {
-                tessera::bench::sharding::ShardingBenchParams::quick(dir)
+                tessera_benches::sharding::ShardingBenchParams::quick(dir)
             } else {
-                tessera::bench::sharding::ShardingBenchParams::full(dir)
+                tessera_benches::sharding::ShardingBenchParams::full(dir)
             };
             if !args.only.is_empty() {
                 params.only(&args.only);
             }
-            match tessera::bench::sharding::run(params, args.json).await {
+            match tessera_benches::sharding::run(params, args.json).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: bench sharding failed: {e}");

@@ -1,4 +1,4 @@
-//! Cluster Bootstrap in real `tessera node` processes (issue 17's acceptance): nodes given the
+//! Cluster Bootstrap in real `tessera node` processes: nodes given the
 //! same contact points and no seed nodes form exactly one cluster, time after time; a node
 //! started later joins it; with `required_contact_points = 3` two nodes form nothing until the
 //! third arrives. Then the same with contact points from DNS (A records, and SRV records),
@@ -20,10 +20,10 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tessera::demo::{self, NodeProcess};
-use tessera::http_client;
+use tessera_harness::demo::{self, NodeProcess};
+use tessera_harness::http_client;
 
-/// Rounds of five simultaneous starts (the issue asks for twenty in a row).
+/// Rounds of five simultaneous starts (twenty in a row).
 const ROUNDS: usize = 20;
 
 /// A short stable margin and probe interval keep each round to a few seconds.

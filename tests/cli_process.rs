@@ -1,4 +1,4 @@
-//! `tessera` as a client (issue 17's acceptance): every client command against a running
+//! `tessera` as a client: every client command against a running
 //! 3-node cluster whose nodes require a token for changes, its `--json` output parsed, and
 //! a wrong token or an unreachable node reported clearly with a non-zero exit code.
 
@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
-use tessera::demo::{self, NodeProcess};
+use tessera_harness::demo::{self, NodeProcess};
 
 const TOKEN: &str = "cli-test-token-0123456789";
 

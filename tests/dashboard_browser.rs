@@ -1,4 +1,4 @@
-//! The live dashboard in headless Chromium (issue 17's acceptance): three `tessera node`
+//! The live dashboard in headless Chromium: three `tessera node`
 //! processes; the page at node 1 shows the three members up with their shards; node 3 is
 //! SIGKILLed and, on the same page (never reloaded: the point is the live event stream), its
 //! row turns unreachable, then removed (or disappears) once the split-brain resolver downs it
@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess};
+use tessera_harness::demo::{self, NodeProcess};
 use tokio::process::{Child, Command};
 
 /// Longest wait for anything the page should show.

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use tessera::demo::{self, NodeProcess};
-use tessera::http_client::{self, HttpResponse};
+use tessera_harness::demo::{self, NodeProcess};
+use tessera_harness::http_client::{self, HttpResponse};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 

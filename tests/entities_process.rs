@@ -10,8 +10,8 @@ use common::{SECRET, exe, free_port};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
-use tessera::demo::{self, NodeProcess};
-use tessera::http_client::{self, HttpResponse};
+use tessera_harness::demo::{self, NodeProcess};
+use tessera_harness::http_client::{self, HttpResponse};
 
 const DEPOSITS: u64 = 1_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
-use tessera::fuzzing::TARGETS;
+use tessera_fuzzing::TARGETS;
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
@@ -91,7 +91,7 @@ fn fuzz_has_one_target_per_body_and_each_calls_its_own() {
     let files: BTreeSet<&str> = files.iter().map(String::as_str).collect();
     assert_eq!(
         files, registered,
-        "fuzz/fuzz_targets/ and tessera::fuzzing::TARGETS differ"
+        "fuzz/fuzz_targets/ and tessera_fuzzing::TARGETS differ"
     );
     let manifest = fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();
     let readme = fs::read_to_string(fuzz_dir().join("README.md")).unwrap();
@@ -99,8 +99,8 @@ fn fuzz_has_one_target_per_body_and_each_calls_its_own() {
         let source =
             fs::read_to_string(fuzz_dir().join("fuzz_targets").join(format!("{name}.rs"))).unwrap();
         assert!(
-            source.contains(&format!("tessera::fuzzing::{name}(data)")),
-            "fuzz/fuzz_targets/{name}.rs does not call tessera::fuzzing::{name}"
+            source.contains(&format!("tessera_fuzzing::{name}(data)")),
+            "fuzz/fuzz_targets/{name}.rs does not call tessera_fuzzing::{name}"
         );
         assert!(
             manifest.contains(&format!(

@@ -1,4 +1,4 @@
-//! Bounded memory under hostile load (issue 18): each of a node's caps is driven from
+//! Bounded memory under hostile load: each of a node's caps is driven from
 //! outside — the HTTP API of real `tessera node` processes, or raw TCP to the cluster port —
 //! with far more load than the cap allows. Each test asserts the refusal or eviction the cap
 //! promises, the metric that counts it, the gauge it bounds, and that the node's resident
@@ -22,7 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess};
+use tessera_harness::demo::{self, NodeProcess};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// How long one HTTP request may take.

@@ -10,10 +10,10 @@ use bytes::Bytes;
 use common::*;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess};
-use tessera::http_client;
 use tessera_cluster::Address;
 use tessera_cluster::transport::{Lane, TcpTransport, Transport, TransportConfig, services};
+use tessera_harness::demo::{self, NodeProcess};
+use tessera_harness::http_client;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

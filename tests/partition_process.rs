@@ -1,9 +1,9 @@
-//! The replicated journal across a real network partition (issue 15's acceptance): three
+//! The replicated journal across a real network partition: three
 //! `tessera node` processes, each in its own network namespace, take the 20-s workload of
 //! `replicated_process.rs` (64 concurrent callers depositing into 10 accounts through random
 //! nodes) while node 3 is cut off from the other two, in both directions, from 5 s to 10 s.
 //!
-//! The network is `tessera::netns`'s (shared with `tessera soak`): a bridge in the root
+//! The network is `tessera_harness::netns`'s (shared with `tessera soak`): a bridge in the root
 //! namespace at 10.231.X.1 (so the test reaches every node), a namespace per node joined to
 //! it by a veth pair, every node binding its cluster and HTTP ports on its namespace's address
 //! 10.231.X.(11 + i). The cut drops, on node 3's veth, its packets to nodes 1 and 2 (an `htb`
@@ -31,9 +31,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess, View};
-use tessera::http_client;
-use tessera::netns::{self, Names};
+use tessera_harness::demo::{self, NodeProcess, View};
+use tessera_harness::http_client;
+use tessera_harness::netns::{self, Names};
 
 const WORKLOAD: Duration = Duration::from_secs(20);
 /// When the workload's cut starts and ends, from the workload's start.

@@ -1,4 +1,4 @@
-//! Power-loss loop (issue 18): a node's four stores — the RocksDB journal, the replica store
+//! Power-loss loop: a node's four stores — the RocksDB journal, the replica store
 //! (the same journal under the replicated journal, here of three nodes in one process, N = 3
 //! and W = 2, written through a node drawn for each child), the snapshot store (saves of its
 //! own and of the replicated journal) and the durable Distributed Data keys — run in a child

@@ -1,5 +1,4 @@
-//! The replicated journal in real `tessera node` processes on 127.0.0.1 (issue 15's
-//! acceptance): acknowledged deposits survive the SIGKILL of the node that took them; 64
+//! The replicated journal in real `tessera node` processes on 127.0.0.1: acknowledged deposits survive the SIGKILL of the node that took them; 64
 //! concurrent callers on three nodes neither lose nor double a deposit, nor apply a refused
 //! one; a paused (SIGSTOP) node that resumes cannot apply stale state; with two of three nodes
 //! down nothing is acknowledged, and all comes back with them.
@@ -17,7 +16,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess};
+use tessera_harness::demo::{self, NodeProcess};
 
 async fn spawn(i: usize, run: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> NodeProcess {
     demo::spawn_node(
@@ -59,7 +58,7 @@ async fn deposits_through_one_node_survive_its_sigkill() {
     }
     // An operator's view of the log from another node: three members, at least W = 2
     // replicas holding all 1,000 events.
-    let view = tessera::http_client::get(
+    let view = tessera_harness::http_client::get(
         nodes[1].http,
         "/journal/account%7Calice",
         Duration::from_secs(10),
@@ -85,19 +84,23 @@ async fn deposits_through_one_node_survive_its_sigkill() {
         .count();
     assert!(holding >= 2, "{view}");
     let too_long = format!("/journal/{}", "x".repeat(2_000));
-    let invalid = tessera::http_client::get(nodes[1].http, &too_long, Duration::from_secs(10))
-        .await
-        .expect("GET /journal");
+    let invalid =
+        tessera_harness::http_client::get(nodes[1].http, &too_long, Duration::from_secs(10))
+            .await
+            .expect("GET /journal");
     assert_eq!(invalid.status, 400, "{}", invalid.body);
     // Node 2 knows the three stores; one a log still names cannot be forgotten, nor one
     // it never saw.
     // (Its probes of the members find them within a scan interval or two.)
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let known =
-            tessera::http_client::get(nodes[1].http, "/known-stores", Duration::from_secs(10))
-                .await
-                .expect("GET /known-stores");
+        let known = tessera_harness::http_client::get(
+            nodes[1].http,
+            "/known-stores",
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("GET /known-stores");
         assert_eq!(known.status, 200, "{}", known.body);
         let known = known.json().expect("JSON");
         if known["stores"].as_array().map(Vec::len) == Some(3) {
@@ -116,7 +119,7 @@ async fn deposits_through_one_node_survive_its_sigkill() {
         .to_string();
     let http = nodes[1].http;
     let forget = |path: String| async move {
-        tessera::http_client::request(http, "DELETE", &path, None, Duration::from_secs(10))
+        tessera_harness::http_client::request(http, "DELETE", &path, None, Duration::from_secs(10))
             .await
             .expect("DELETE /known-stores")
     };

@@ -1,4 +1,4 @@
-//! Cluster sharding in real `tessera node` processes on 127.0.0.1 (issue 16's acceptance):
+//! Cluster sharding in real `tessera node` processes on 127.0.0.1:
 //! every account lives on exactly one node; after the SIGKILL of the coordinator's node every
 //! account answers again and no acknowledged deposit is lost or doubled, with the
 //! coordinator's state in Distributed Data and in the journal; a joining node receives shards
@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess};
-use tessera::http_client;
+use tessera_harness::demo::{self, NodeProcess};
+use tessera_harness::http_client;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -1,4 +1,4 @@
-//! The nemesis soak in the normal suite (issue 18): `tessera soak --minutes 1` — five
+//! The nemesis soak in the normal suite: `tessera soak --minutes 1` — five
 //! `tessera node` processes under the mixed workload while the nemesis kills, pauses,
 //! restarts and (as root, in network namespaces) partitions them — must end with no anomaly.
 //! `TESSERA_SOAK_MINUTES=10` runs it longer. The soak bounds each of its phases; a watchdog

@@ -45,7 +45,7 @@ pub struct DdataBenchParams {
 }
 
 impl DdataBenchParams {
-    /// The workloads of the issue.
+    /// The standard workloads.
     pub fn full() -> Self {
         DdataBenchParams {
             latency_duration: Duration::from_secs(3),

@@ -17,13 +17,13 @@
 //!   (they warm the caches, the runtime and the host's maps). No baseline.
 
 use super::{print_json_row, progress};
-use crate::entities::account::{Account, AccountCommand, AccountEvent, AccountState};
 use futures::StreamExt;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_entities::{AskError, Codec, EntityConfig, EntityHost, EntityId, EntityType};
+use tessera_example_account::{Account, AccountCommand, AccountEvent, AccountState};
 use tessera_journal::{
     AtomicWrite, FsyncPolicy, Journal, JournalConfig, JournalError, NewEvent, RocksJournal,
 };
@@ -48,7 +48,7 @@ pub struct EntitiesBenchParams {
 }
 
 impl EntitiesBenchParams {
-    /// The workloads of the issue: 1, 100 and 10,000 entities; 100,000 events; 10,000 idle
+    /// The standard workloads: 1, 100 and 10,000 entities; 100,000 events; 10,000 idle
     /// entities.
     pub fn full(dir: PathBuf) -> Self {
         EntitiesBenchParams {

@@ -43,7 +43,7 @@ pub struct JournalBenchParams {
 }
 
 impl JournalBenchParams {
-    /// The workloads of the issue: 1, 16, 256 ids; 100 B and 1 KiB; 1,000,000 events.
+    /// The standard workloads: 1, 16, 256 ids; 100 B and 1 KiB; 1,000,000 events.
     pub fn full(dir: PathBuf) -> Self {
         JournalBenchParams {
             append_ids: vec![1, 16, 256],

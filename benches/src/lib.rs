@@ -2,6 +2,7 @@
 //! ratio. Progress goes to stderr; results go to stdout as a table or, with `--json`, as one
 //! JSON object per row.
 
+pub mod args;
 pub mod cluster;
 pub mod ddata;
 pub mod entities;

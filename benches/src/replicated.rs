@@ -50,7 +50,7 @@ pub struct ReplicatedBenchParams {
 }
 
 impl ReplicatedBenchParams {
-    /// The workloads of issue 15: 1, 16 and 256 logs; 10,000 logs of 100 events; one log of
+    /// The standard workloads: 1, 16 and 256 logs; 10,000 logs of 100 events; one log of
     /// 10,000 events.
     pub fn full(dir: PathBuf) -> Self {
         ReplicatedBenchParams {
@@ -74,8 +74,8 @@ impl ReplicatedBenchParams {
 
 impl ReplicatedBenchParams {
     /// Keeps only the append workloads, or only the replay and recovery ones.
-    pub fn keep_only(&mut self, only: Option<crate::cli::JournalWorkloadKind>) {
-        use crate::cli::JournalWorkloadKind;
+    pub fn keep_only(&mut self, only: Option<crate::args::JournalWorkloadKind>) {
+        use crate::args::JournalWorkloadKind;
         match only {
             Some(JournalWorkloadKind::Append) => {
                 self.replay_logs = 0;
@@ -282,7 +282,7 @@ pub async fn run(
         emit(recover_workload(&nodes, &local, params.recover_events).await?);
     }
     for node in nodes {
-        node.persistence.stop();
+        node.persistence.stop().await;
         drop(node.journal);
     }
     drop(local);

@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tessera::fuzzing::entity_codec(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tessera_fuzzing::entity_codec(data));

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera::http_client::{self, HttpResponse};
+use tessera_harness::http_client::{self, HttpResponse};
 use tokio::sync::Mutex;
 
 /// How long one HTTP request may take.

@@ -7,8 +7,8 @@ pub mod memory;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tessera::demo::{self, NodeProcess, View};
-use tessera::http_client;
+use tessera_harness::demo::{self, NodeProcess, View};
+use tessera_harness::http_client;
 
 pub const DEADLINE: Duration = Duration::from_secs(45);
 pub const SECRET: &str = "multi-process-test-secret";

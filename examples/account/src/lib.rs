@@ -1,5 +1,5 @@
-//! `account`: the example entity. A balance that deposits raise and withdrawals lower, never
-//! below zero.
+//! `account`: the example entity type the `tessera` binary registers. A balance that deposits
+//! raise and withdrawals lower, never below zero.
 //!
 //! Over HTTP: `{"deposit": n}`, `{"withdraw": n}` and `{"get": null}`, each answered with
 //! `{"balance": n}`; a withdrawal larger than the balance is rejected (409) and persists
@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use tessera_entities::{Effect, EntityType};
+use tessera::{Effect, EntityType};
 
 /// The `account` entity type.
 #[derive(Debug, Clone, Copy, Default)]
@@ -156,31 +156,25 @@ mod tests {
 
     #[test]
     fn withdrawing_more_than_the_balance_is_rejected_without_events() {
-        use std::sync::Arc;
-        use tessera_entities::machine::{Action, EntityMachine, MachineSettings};
-        let mut machine: EntityMachine<Account, ()> = EntityMachine::new(
-            Arc::new(Account),
-            Arc::new(tessera_entities::Codec::new()),
-            &tessera_entities::EntityId::new("a").unwrap(),
-            "w".into(),
-            MachineSettings {
-                snapshot_every: 0,
-                keep_snapshots: 1,
-                delete_events_on_snapshot: false,
-                stash_capacity: 1,
-                confirm_reads: false,
-            },
+        let mut account = tessera::testkit::EntityTestKit::new(Account, "a").unwrap();
+        assert_eq!(
+            account.run(AccountCommand::Deposit(3)).unwrap().reply,
+            Ok(Balance { balance: 3 })
         );
-        let mut out = Vec::new();
-        assert_eq!(machine.snapshot_loaded(Ok(None), &mut out), Some(1));
-        machine.recovery_completed(Ok(0), 0, &mut out);
-        machine.command(AccountCommand::Withdraw(1), (), 0, &mut out);
-        match out.as_slice() {
-            [Action::Reply { result: Err(e), .. }] => assert_eq!(
-                e.to_string(),
-                "insufficient funds: cannot withdraw 1 from a balance of 0"
-            ),
-            _ => panic!("expected exactly one rejection and no write"),
-        }
+        let refused = account.run(AccountCommand::Withdraw(5)).unwrap();
+        assert_eq!(
+            refused.reply,
+            Err(AccountRejection::InsufficientFunds {
+                balance: 3,
+                requested: 5
+            })
+        );
+        assert!(refused.events.is_empty());
+        assert_eq!(
+            refused.reply.unwrap_err().to_string(),
+            "insufficient funds: cannot withdraw 5 from a balance of 3"
+        );
+        account.restart().unwrap();
+        assert_eq!(account.state().balance, 3);
     }
 }

@@ -1,9 +1,9 @@
 //! Target of what Cluster Bootstrap reads from other nodes: their answers to
 //! `GET /bootstrap/seed-nodes`, and the addresses in them.
 
-use crate::bootstrap::parse_seed_nodes_answer;
 use std::collections::BTreeSet;
 use std::time::Duration;
+use tessera::bootstrap::parse_seed_nodes_answer;
 use tessera_cluster::Address;
 use tessera_cluster::bootstrap::{BootstrapSettings, BootstrapState, ContactPoint, Decision};
 

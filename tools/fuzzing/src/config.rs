@@ -1,7 +1,7 @@
 //! Target of what an operator gives the node: its TOML config file.
 
-use crate::config::{ConfigLayer, NodeConfig};
 use std::path::Path;
+use tessera::config::{ConfigLayer, NodeConfig};
 
 /// Target `config_file`: a config file's text, parsed, stacked under an empty layer (as flags
 /// and the environment are stacked on it), and validated into a node's configuration.

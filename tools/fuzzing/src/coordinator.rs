@@ -218,7 +218,8 @@ pub mod seeds {
                 shard,
                 ask: RemoteAsk {
                     entity_id: "alice".into(),
-                    payload: br#"{"deposit": 5}"#.to_vec(),
+                    payload: vec![0, 5],
+                    message_version: 1,
                     reply_to: region(3).address,
                     reply_id: 99,
                 },
@@ -226,7 +227,7 @@ pub mod seeds {
             ShardingFrame::Reply {
                 type_name: type_name(),
                 reply_id: 99,
-                result: Ok(br#"{"balance": 5}"#.to_vec()),
+                result: Ok(vec![0, 5]),
             },
             ShardingFrame::Reply {
                 type_name: type_name(),

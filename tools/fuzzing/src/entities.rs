@@ -2,8 +2,8 @@
 //! another node's region), entity ids, and events and snapshots from the journal.
 
 use super::assert_round_trip;
-use crate::entities::account::{Account, AccountCommand, AccountState};
 use tessera_entities::{Codec, EntityId, EntityType, Manifest};
+use tessera_example_account::{Account, AccountCommand, AccountState};
 
 /// Target `entity_codec`: the first byte chooses what the rest is: a JSON command (decoded
 /// as a region does, into a value then the entity's command type), an entity id, or an
@@ -68,7 +68,7 @@ pub fn entity_codec(data: &[u8]) {
 /// Valid encodings the targets' corpora start from.
 pub mod seeds {
     use super::*;
-    use crate::entities::account::AccountEvent;
+    use tessera_example_account::AccountEvent;
 
     /// Seeds of `entity_codec`: commands, ids, events and a state.
     pub fn entity_codec() -> Vec<Vec<u8>> {

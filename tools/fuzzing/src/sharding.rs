@@ -205,7 +205,9 @@ impl Node {
                         .deliver(Origin::Region(from), shard, ask.reply_id, now),
                 )
             }
-            ShardingFrame::Reply { .. } | ShardingFrame::RegionState { .. } => return,
+            ShardingFrame::Reply { .. }
+            | ShardingFrame::RegionState { .. }
+            | ShardingFrame::Unsupported { .. } => return,
         };
         self.run(said);
     }
@@ -388,7 +390,8 @@ pub mod seeds {
                     shard: shard(3),
                     ask: RemoteAsk {
                         entity_id: "alice".into(),
-                        payload: br#"{"deposit": 5}"#.to_vec(),
+                        payload: vec![0, 5],
+                        message_version: 1,
                         reply_to: node(2).address,
                         reply_id: 7,
                     },

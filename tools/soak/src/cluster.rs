@@ -5,14 +5,14 @@
 //! nemesis can cut links between them; see [`crate::netns`]).
 
 use super::SoakError;
-use crate::demo::{self, NodeProcess};
-use crate::netns;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tessera_harness::demo::{self, NodeProcess};
+use tessera_harness::netns;
 
 /// The cluster port of nodes in namespaces (each namespace has its own address).
 const NAMESPACE_CLUSTER_PORT: u16 = 25520;

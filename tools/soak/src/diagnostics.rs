@@ -4,12 +4,12 @@
 //! and live accounts, and the journal, entity and sharding series of every node's metrics.
 
 use super::history::{Operation, Outcome, Request};
-use crate::http_client;
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tessera_harness::http_client;
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 

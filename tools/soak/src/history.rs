@@ -3,11 +3,11 @@
 //! unknown (it may or may not have been applied) — the way Jepsen records one. The checker
 //! works on this record alone.
 
-use crate::http_client::{HttpClientError, HttpResponse};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
+use tessera_harness::http_client::{HttpClientError, HttpResponse};
 
 /// The kinds of operation, in the order the summary lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

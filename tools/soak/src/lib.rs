@@ -11,6 +11,7 @@
 //! supervision), [`workload`] (the clients), [`history`] (what they recorded),
 //! [`ownership`] and [`memory`] (samples taken meanwhile), [`checker`] and [`report`].
 
+pub mod args;
 pub mod checker;
 pub mod cluster;
 pub mod diagnostics;
@@ -22,8 +23,6 @@ pub mod ownership;
 pub mod report;
 pub mod workload;
 
-use crate::http_client;
-use crate::netns;
 use checker::Evidence;
 use cluster::{Cluster, Placement};
 use history::{History, Observed, OpKind, Operation, Outcome, Request};
@@ -34,6 +33,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tessera_harness::http_client;
+use tessera_harness::netns;
 use tokio::sync::watch;
 use workload::WorkloadConfig;
 

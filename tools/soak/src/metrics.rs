@@ -1,8 +1,8 @@
 //! Reading a node's `GET /metrics` (Prometheus text) for the few series the soak watches.
 
-use crate::http_client;
 use std::net::SocketAddr;
 use std::time::Duration;
+use tessera_harness::http_client;
 
 /// The node's metrics text; None when it does not answer with 200 in time.
 pub async fn metrics_text(http: SocketAddr, timeout: Duration) -> Option<String> {

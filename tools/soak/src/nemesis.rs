@@ -13,7 +13,6 @@
 
 use super::SoakError;
 use super::cluster::{Cluster, Placement};
-use crate::http_client;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -21,6 +20,7 @@ use serde::Serialize;
 use std::process::ExitStatus;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
+use tessera_harness::http_client;
 use tokio::sync::watch;
 
 /// How often the nemesis looks at its nodes.

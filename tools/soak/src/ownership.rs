@@ -16,11 +16,11 @@
 //! In such a sample an account listed by two nodes was live on both at once.
 
 use super::metrics::{metrics_text, series_value};
-use crate::http_client;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use tessera_harness::http_client;
 use tokio::sync::watch;
 
 /// Time between samples.

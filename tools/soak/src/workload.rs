@@ -7,7 +7,6 @@ use super::history::{
     Classified, History, Observed, Operation, Outcome, Request, classify_ddata, classify_entity,
     element_name, micros, parse_element,
 };
-use crate::http_client::{self, HttpClientError, HttpResponse};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashSet;
@@ -15,6 +14,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tessera_harness::http_client::{self, HttpClientError, HttpResponse};
 
 /// How long a client waits for an answer (an entity command's own timeout is 5 s; a paused
 /// node answers nothing).

@@ -3,8 +3,8 @@
 //! among them).
 
 use super::*;
-use crate::soak::memory::NodeMemory;
-use crate::soak::ownership::OwnershipSample;
+use crate::memory::NodeMemory;
+use crate::ownership::OwnershipSample;
 
 fn op(request: Request, invoked_us: u64, completed_us: u64, outcome: Outcome) -> Operation {
     Operation {
