@@ -94,3 +94,15 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
   sh -c "apt-get update && apt-get install -y iproute2" >&2 \
     || echo "warning: could not install iproute2; partitions will be skipped" >&2
 fi
+
+# mdBook, for the book's build in the suite (tests/readme_examples.rs): not needed to build
+# tessera, so a failure here only warns and that test skips. Installed with cargo into
+# ~/.cargo/bin, built in a target directory of its own.
+if ! command -v mdbook >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/mdbook" ]; then
+  echo "tessera: installing mdBook for the book" >&2
+  CARGO_TARGET_DIR="$HOME/.cache/mdbook-target" cargo install mdbook --locked --version 0.5.4 >&2 \
+    || echo "warning: could not install mdBook; the book's build test will skip" >&2
+fi
+if [ -x "$HOME/.cargo/bin/mdbook" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi

@@ -1,19 +1,20 @@
-//! The README's library snippets are compiled code: every ```rust block of its "Library API"
-//! section is a region of a program under `examples/` (between `// README: begin <name>` and
-//! `// README: end <name>`, dedented), and every such region appears in the README. The
-//! examples are compiled by `cargo test` (and run by hand); this test ties the README to them,
-//! so that a snippet can never drift from code that builds.
+//! The README's and the book's code samples are compiled code. Every ```rust block of the
+//! README's "A first service" section is a region of a program the suite compiles (between
+//! `// ANCHOR: <name>` and `// ANCHOR_END: <name>`, dedented), and every `{{#include}}` of the
+//! book names a file and an anchor that exist, so that neither can drift from code that builds.
+//! The README stays a front door of at most 250 lines, and the book builds with mdBook.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-const BEGIN: &str = "// README: begin ";
-const END: &str = "// README: end ";
-const SECTION: &str = "## Library API";
+const BEGIN: &str = "// ANCHOR: ";
+const END: &str = "// ANCHOR_END: ";
+const SECTION: &str = "## A first service";
+const README_MAX_LINES: usize = 250;
 
-/// A marked region of an example.
+/// A marked region of a program.
 struct Region {
-    /// `examples/<file>.rs:<line of the begin marker>`, for messages.
+    /// `<path>:<line of the begin marker>`, for messages.
     origin: String,
     /// The region's lines, dedented to their smallest indentation, joined with `\n`.
     text: String,
@@ -23,38 +24,39 @@ fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every region of every `examples/*.rs`, by name. Panics on a malformed marker: an end
-/// without its begin, a begin without its end, nested or duplicate names, an empty region.
-fn example_regions() -> BTreeMap<String, Region> {
-    let dir = workspace_root().join("examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
-        .map(|entry| entry.expect("a directory entry of examples/").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
-        .collect();
-    files.sort();
-    let mut regions = BTreeMap::new();
-    for path in &files {
-        let source = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        for (name, region) in regions_of(path, &source) {
-            if let Some(earlier) = regions.insert(name.clone(), region) {
-                panic!(
-                    "region {name:?} is marked twice (also at {})",
-                    earlier.origin
-                );
+/// The `.rs` files under `dir`, recursively, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
             }
         }
     }
-    regions
+    files.sort();
+    files
 }
 
-fn regions_of(path: &Path, source: &str) -> Vec<(String, Region)> {
-    let file = format!(
-        "examples/{}",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    );
-    let mut regions = Vec::new();
+/// The anchored regions of `path`, by name. Panics on a malformed marker: an end without its
+/// begin, a begin without its end, nested or duplicate names, an empty region.
+fn regions_of(path: &Path) -> BTreeMap<String, Region> {
+    let root = workspace_root();
+    let file = path
+        .strip_prefix(&root)
+        .unwrap_or(path)
+        .display()
+        .to_string();
+    let source =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {file}: {e}"));
+    let mut regions = BTreeMap::new();
     let mut open: Option<(String, usize, Vec<&str>)> = None;
     for (index, line) in source.lines().enumerate() {
         let number = index + 1;
@@ -80,13 +82,13 @@ fn regions_of(path: &Path, source: &str) -> Vec<(String, Region)> {
                 lines.iter().any(|l| !l.trim().is_empty()),
                 "{origin}: region {open_name:?} is empty"
             );
-            regions.push((
-                open_name,
-                Region {
-                    origin,
-                    text: dedent(&lines),
-                },
-            ));
+            let region = Region {
+                origin: origin.clone(),
+                text: dedent(&lines),
+            };
+            if regions.insert(open_name.clone(), region).is_some() {
+                panic!("{origin}: region {open_name:?} is marked twice in {file}");
+            }
         } else if let Some((_, _, lines)) = &mut open {
             lines.push(line);
         }
@@ -95,6 +97,18 @@ fn regions_of(path: &Path, source: &str) -> Vec<(String, Region)> {
         panic!("{file}:{open_at}: region {name:?} never ends");
     }
     regions
+}
+
+/// Every region of the programs the suite compiles as samples: the library's examples and
+/// the example crates.
+fn example_regions() -> Vec<Region> {
+    let root = workspace_root();
+    let mut files = rust_files(&root.join("tessera").join("examples"));
+    files.extend(rust_files(&root.join("examples")));
+    files
+        .iter()
+        .flat_map(|path| regions_of(path).into_values())
+        .collect()
 }
 
 /// The lines without their common indentation (blank lines do not count), joined with `\n`.
@@ -134,12 +148,12 @@ fn rust_blocks(markdown: &str, first_line: usize) -> Vec<(usize, String)> {
             Some((_, lines)) => lines.push(line),
         }
     }
-    assert!(open.is_none(), "README.md: a ```rust block never closes");
+    assert!(open.is_none(), "a ```rust block never closes");
     blocks
 }
 
-/// The README's "Library API" section (up to the next `## ` heading) and its first line.
-fn library_api_section(readme: &str) -> (usize, String) {
+/// The README's "A first service" section (up to the next `## ` heading) and its first line.
+fn first_service_section(readme: &str) -> (usize, String) {
     let lines: Vec<&str> = readme.lines().collect();
     let start = lines
         .iter()
@@ -178,49 +192,16 @@ fn first_difference(example: &str, block: &str, fence: usize) -> String {
     }
 }
 
-/// How many lines two texts share at the same position: picks the README block a drifted
-/// region most likely was.
+/// How many lines two texts share at the same position: picks the region a drifted block most
+/// likely was.
 fn same_lines(a: &str, b: &str) -> usize {
     a.lines().zip(b.lines()).filter(|(x, y)| x == y).count()
 }
 
 #[test]
-fn every_marked_example_region_is_a_rust_block_of_the_readme() {
+fn every_rust_block_of_the_first_service_section_is_an_anchored_region() {
     let regions = example_regions();
-    assert!(
-        !regions.is_empty(),
-        "no `{BEGIN}<name>` regions in examples/*.rs"
-    );
-    let readme = readme();
-    let blocks = rust_blocks(&readme, 1);
-    let mut drifted = Vec::new();
-    for (name, region) in &regions {
-        if blocks.iter().any(|(_, block)| *block == region.text) {
-            continue;
-        }
-        let nearest = blocks
-            .iter()
-            .max_by_key(|(_, block)| same_lines(&region.text, block))
-            .map(|(at, block)| {
-                format!(
-                    "closest is the block at README.md:{at}, {}",
-                    first_difference(&region.text, block, *at)
-                )
-            })
-            .unwrap_or_else(|| "README.md has no ```rust block".to_string());
-        drifted.push(format!(
-            "region {name:?} ({}) is not a ```rust block of README.md; {nearest}\n\
-             --- the README block should read:\n{}\n---",
-            region.origin, region.text
-        ));
-    }
-    assert!(drifted.is_empty(), "{}", drifted.join("\n\n"));
-}
-
-#[test]
-fn every_rust_block_of_the_library_api_section_is_a_marked_example_region() {
-    let regions = example_regions();
-    let (first_line, section) = library_api_section(&readme());
+    let (first_line, section) = first_service_section(&readme());
     let blocks = rust_blocks(&section, first_line);
     assert!(
         !blocks.is_empty(),
@@ -228,24 +209,120 @@ fn every_rust_block_of_the_library_api_section_is_a_marked_example_region() {
     );
     let unbacked: Vec<String> = blocks
         .iter()
-        .filter(|(_, block)| !regions.values().any(|region| region.text == *block))
+        .filter(|(_, block)| !regions.iter().any(|region| region.text == *block))
         .map(|(at, block)| {
             let nearest = regions
                 .iter()
-                .max_by_key(|(_, region)| same_lines(&region.text, block))
-                .map(|(name, region)| {
+                .max_by_key(|region| same_lines(&region.text, block))
+                .map(|region| {
                     format!(
-                        "closest is region {name:?} ({}), {}",
+                        "closest is the region at {}, {}",
                         region.origin,
                         first_difference(&region.text, block, *at)
                     )
                 })
                 .unwrap_or_default();
             format!(
-                "the ```rust block at README.md:{at} is no region of examples/*.rs \
+                "the ```rust block at README.md:{at} is no anchored region of an example \
                  (mark the code it shows with `{BEGIN}<name>` / `{END}<name>`); {nearest}"
             )
         })
         .collect();
     assert!(unbacked.is_empty(), "{}", unbacked.join("\n"));
+}
+
+#[test]
+fn every_include_of_the_book_names_a_file_and_an_anchor_that_exist() {
+    let src = workspace_root().join("docs").join("src");
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(&src)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", src.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    pages.sort();
+    let mut includes = 0;
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("a page");
+        let name = page.file_name().unwrap_or_default().to_string_lossy();
+        for (index, line) in text.lines().enumerate() {
+            let mut rest = line;
+            while let Some(at) = rest.find("{{#include ") {
+                // `\{{#include ...}}` is mdBook's escape: shown, not included.
+                let escaped = rest[..at].ends_with('\\');
+                let after = &rest[at + "{{#include ".len()..];
+                let Some(end) = after.find("}}") else {
+                    broken.push(format!("{name}:{}: an include never closes", index + 1));
+                    break;
+                };
+                rest = &after[end..];
+                if escaped {
+                    continue;
+                }
+                includes += 1;
+                let target = after[..end].trim();
+                let (file, anchor) = match target.rsplit_once(':') {
+                    Some((file, anchor)) if !anchor.contains('/') => (file, Some(anchor)),
+                    _ => (target, None),
+                };
+                let path = src.join(file);
+                if !path.is_file() {
+                    broken.push(format!("{name}:{}: {file} does not exist", index + 1));
+                    continue;
+                }
+                if let Some(anchor) = anchor
+                    && !regions_of(&path).contains_key(anchor)
+                {
+                    broken.push(format!(
+                        "{name}:{}: {file} has no anchor {anchor:?}",
+                        index + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(includes > 0, "the book includes no code");
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_readme_is_a_front_door() {
+    let lines = readme().lines().count();
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines; at most {README_MAX_LINES} (the rest belongs in the book)"
+    );
+}
+
+/// `mdbook build docs`, into a temporary directory; skipped, saying why, where mdBook is not
+/// installed (`scripts/test` installs it).
+#[test]
+fn the_book_builds() {
+    let Ok(version) = std::process::Command::new("mdbook")
+        .arg("--version")
+        .output()
+    else {
+        eprintln!("skipped: mdbook is not installed (scripts/test installs it)");
+        return;
+    };
+    assert!(version.status.success(), "mdbook --version failed");
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let built = std::process::Command::new("mdbook")
+        .arg("build")
+        .arg(workspace_root().join("docs"))
+        .arg("--dest-dir")
+        .arg(out.path())
+        .output()
+        .expect("mdbook runs");
+    let stderr = String::from_utf8_lossy(&built.stderr);
+    assert!(
+        built.status.success(),
+        "mdbook build docs failed:\n{stderr}"
+    );
+    // mdBook reports a missing include or anchor as an error but still builds.
+    assert!(
+        !stderr.contains("[ERROR]") && !stderr.contains(" ERROR "),
+        "mdbook build docs reported errors:\n{stderr}"
+    );
+    assert!(out.path().join("index.html").is_file());
 }

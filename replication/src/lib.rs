@@ -1,5 +1,5 @@
 //! tessera-replication: the fenced quorum protocol behind the replicated journal
-//! (ARCHITECTURE §5 "Replication"), as plain state machines with no IO.
+//! (docs/src/design.md §5 "Replication"), as plain state machines with no IO.
 //!
 //! - [`epoch`]: epochs (which writer) and positions (how up to date a log is).
 //! - [`configuration`]: replica identities, a log's configuration, quorum sizes.
@@ -9,7 +9,7 @@
 //! - [`writer`]: the writer of one log: locate, fence, recover, seal, append, copy, move.
 //! - [`placement`]: the consistent-hash ring that says where logs should live.
 //! - [`sim`]: a deterministic simulation of writers and replicas over a faulty network, with
-//!   the safety checks of ARCHITECTURE §5 "Checks".
+//!   the safety checks of docs/src/design.md §5 "Checks".
 //!
 //! The journal's RocksDB replica store applies [`replica`]'s decisions; the tokio layer that
 //! runs writers and serves replicas over the cluster transport lives in `tessera-persistence`.

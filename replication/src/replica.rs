@@ -1,5 +1,5 @@
 //! The replica's rules, as pure functions: given what a replica holds of a log and a request,
-//! what it answers and what it must store first (ARCHITECTURE §5 "Replication").
+//! what it answers and what it must store first (docs/src/design.md §5 "Replication").
 //!
 //! The rules keep four invariants, which the simulation checks on every seed:
 //! - a replica never takes a write (append, seal, install, delete) from an epoch below its

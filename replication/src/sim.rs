@@ -1,5 +1,5 @@
 //! A deterministic simulation of log writers and replicas over a faulty network, with the
-//! safety checks of ARCHITECTURE §5 "Checks".
+//! safety checks of docs/src/design.md §5 "Checks".
 //!
 //! Nodes each hold an in-memory replica (applying [`crate::replica::Rules`] exactly as the
 //! RocksDB store does) and run a client that appends unique values to one log through its own

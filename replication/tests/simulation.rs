@@ -1,4 +1,4 @@
-//! The replicated log's safety under faults: every scenario of ARCHITECTURE §5 over many
+//! The replicated log's safety under faults: every scenario of docs/src/design.md §5 over many
 //! seeds (1,000 by default; `TESSERA_SIM_SEEDS` for more or fewer), each run checked for
 //! every rule of §5 "Checks". Sabotaged runs show that the checks catch a replica that takes
 //! writes from a fenced writer, promises without fencing, or lets a repeated seal truncate

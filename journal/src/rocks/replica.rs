@@ -1,4 +1,4 @@
-//! The journal as a node's replica store of replicated logs (ARCHITECTURE §5): reading a
+//! The journal as a node's replica store of replicated logs (docs/src/design.md §5): reading a
 //! log's replica state and entries. Changes go through the writer thread
 //! (`writer::Writer::stage_replica`), which applies the replica rules of
 //! `tessera_replication::replica` in the same batch as the entries.

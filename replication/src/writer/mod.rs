@@ -1,4 +1,4 @@
-//! The writer of one log, as a plain state machine (ARCHITECTURE §2, §5): it finds the log,
+//! The writer of one log, as a plain state machine (docs/src/design.md §2, §5): it finds the log,
 //! fences it, recovers and repairs its tail, seals it, then appends with W acknowledgements,
 //! copies to replicas that fell behind, and moves the log off members that left.
 //!
