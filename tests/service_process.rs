@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{free_port, kill, test_dir, wait_up};
+use common::{free_port, hosted_of, kill, test_dir, wait_ready, wait_up};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -254,22 +254,6 @@ async fn route(node: &NodeProcess, id: &str, op: &str, amount: u64) -> Value {
     reply.json().expect("JSON")
 }
 
-/// The wallets each node runs, from `GET /sharding/wallet`.
-async fn hosted(node: &NodeProcess) -> BTreeSet<String> {
-    let reply = http_client::get(node.http, "/sharding/wallet", Duration::from_secs(10))
-        .await
-        .expect("GET /sharding/wallet");
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    let json = reply.json().expect("JSON");
-    json["shards"]
-        .as_array()
-        .expect("shards")
-        .iter()
-        .flat_map(|s| s["entities"].as_array().cloned().unwrap_or_default())
-        .filter_map(|e| e.as_str().map(str::to_string))
-        .collect()
-}
-
 /// Asks through `node` until the wallet answers a balance (retrying failures whose outcome is
 /// not applied or unknown, as while its shard moves), within the deadline.
 async fn balance(node: &NodeProcess, id: &str) -> u64 {
@@ -285,27 +269,6 @@ async fn balance(node: &NodeProcess, id: &str) -> u64 {
             node.http
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Waits until every node is ready (its wallet region registered).
-async fn wait_ready(nodes: &[&NodeProcess]) {
-    let start = Instant::now();
-    loop {
-        let mut ready = 0;
-        for node in nodes {
-            if let Ok(r) =
-                http_client::get(node.http, "/health/ready", Duration::from_secs(5)).await
-                && r.status == 200
-            {
-                ready += 1;
-            }
-        }
-        if ready == nodes.len() {
-            return;
-        }
-        assert!(start.elapsed() < common::DEADLINE, "nodes not ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -344,7 +307,7 @@ async fn a_service_built_from_the_readme_runs_as_a_cluster() {
     // One live copy each.
     let mut hosts: BTreeMap<String, usize> = BTreeMap::new();
     for (n, node) in nodes.iter().enumerate() {
-        for id in hosted(node).await {
+        for id in hosted_of(node, "wallet").await {
             assert!(
                 hosts.insert(id.clone(), n).is_none(),
                 "{id} runs on two nodes"
@@ -434,7 +397,7 @@ async fn a_service_built_from_the_readme_runs_as_a_cluster() {
     // SIGKILL of the process hosting the most wallets now.
     let mut hosts: BTreeMap<String, usize> = BTreeMap::new();
     for (n, node) in nodes.iter().enumerate() {
-        for id in hosted(node).await {
+        for id in hosted_of(node, "wallet").await {
             hosts.insert(id, n);
         }
     }
@@ -459,7 +422,7 @@ async fn a_service_built_from_the_readme_runs_as_a_cluster() {
     // A typed rejection, asked on a node other than the wallet's.
     let mut hosts: BTreeMap<String, usize> = BTreeMap::new();
     for (n, node) in nodes.iter().enumerate() {
-        for id in hosted(node).await {
+        for id in hosted_of(node, "wallet").await {
             hosts.insert(id, n);
         }
     }

@@ -12,7 +12,7 @@
 mod common;
 
 use common::deposits::{self, Answer, Tally, check_bounds};
-use common::{exe, free_port, kill, test_dir, wait_up, wait_views};
+use common::{exe, free_port, hosted_of, kill, test_dir, wait_ready, wait_up, wait_views};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -43,27 +43,6 @@ async fn spawn(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> NodeProce
     .expect("node starts")
 }
 
-/// Waits until every node says it is ready (its regions registered with the coordinator).
-async fn wait_ready(nodes: &[&NodeProcess]) {
-    let start = Instant::now();
-    loop {
-        let mut ready = 0;
-        for node in nodes {
-            if let Ok(r) =
-                http_client::get(node.http, "/health/ready", Duration::from_secs(5)).await
-                && r.status == 200
-            {
-                ready += 1;
-            }
-        }
-        if ready == nodes.len() {
-            return;
-        }
-        assert!(start.elapsed() < common::DEADLINE, "nodes not ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Nodes started one after another (node 0 is the oldest: it runs the coordinator).
 async fn cluster(n: usize, dir: &Path, extra: &[&str]) -> (Vec<u16>, Vec<NodeProcess>) {
     let ports: Vec<u16> = (0..n + 1).map(|_| free_port()).collect();
@@ -76,28 +55,11 @@ async fn cluster(n: usize, dir: &Path, extra: &[&str]) -> (Vec<u16>, Vec<NodePro
     (ports, nodes)
 }
 
-/// The accounts each node runs, from `GET /sharding/account`.
-async fn hosted(node: &NodeProcess) -> BTreeSet<String> {
-    let response = http_client::get(node.http, "/sharding/account", Duration::from_secs(10))
-        .await
-        .expect("GET /sharding/account");
-    assert_eq!(response.status, 200, "{}", response.body);
-    let json: Value = response.json().expect("JSON");
-    assert_eq!(json["type"], "account");
-    json["shards"]
-        .as_array()
-        .expect("shards")
-        .iter()
-        .flat_map(|s| s["entities"].as_array().cloned().unwrap_or_default())
-        .filter_map(|e| e.as_str().map(str::to_string))
-        .collect()
-}
-
 /// Every account answered 200 at least once is on exactly one node, and every node hosts.
 async fn check_single_homes(nodes: &[&NodeProcess], tallies: &BTreeMap<String, Tally>) {
     let mut homes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, node) in nodes.iter().enumerate() {
-        let accounts = hosted(node).await;
+        let accounts = hosted_of(node, "account").await;
         assert!(!accounts.is_empty(), "node {i} hosts no account");
         for account in accounts {
             homes.entry(account).or_default().push(i);
@@ -247,7 +209,7 @@ async fn a_joining_node_receives_shards_while_every_deposit_succeeds() {
     let joined = Instant::now();
     let mut receiving = None;
     while joined.elapsed() < Duration::from_secs(60) {
-        if !hosted(&nodes[3]).await.is_empty() {
+        if !hosted_of(&nodes[3], "account").await.is_empty() {
             receiving = Some(joined.elapsed());
             break;
         }
@@ -320,7 +282,7 @@ async fn a_node_stopped_with_sigterm_hands_off_its_shards_and_fails_no_request()
         Duration::from_secs(20),
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = hosted(&nodes[2]).await;
+    let before = hosted_of(&nodes[2], "account").await;
     assert!(!before.is_empty(), "node 2 hosts accounts before it stops");
     let pid = nodes[2].child.id().expect("pid") as i32;
     // SAFETY: sending a signal to our own child process.
@@ -335,9 +297,9 @@ async fn a_node_stopped_with_sigterm_hands_off_its_shards_and_fails_no_request()
     deposits::assert_all_ok(&answers);
     let balances = deposits::balances(nodes[0].http, &tallies).await;
     check_bounds(&tallies, &balances);
-    let served: BTreeSet<String> = hosted(&nodes[0])
+    let served: BTreeSet<String> = hosted_of(&nodes[0], "account")
         .await
-        .union(&hosted(&nodes[1]).await)
+        .union(&hosted_of(&nodes[1], "account").await)
         .cloned()
         .collect();
     assert!(
@@ -412,7 +374,7 @@ async fn remembered_entities(remember: &str, state_store: &str) {
     }
     // The shards write their remembered ids a tick after the entities start.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let on_node_2 = hosted(&nodes[2]).await;
+    let on_node_2 = hosted_of(&nodes[2], "account").await;
     assert!(!on_node_2.is_empty(), "node 2 runs accounts");
     let gone = nodes[2].cluster.clone();
     kill(&mut nodes[2]).await;
@@ -502,7 +464,7 @@ async fn a_proxy_only_node_routes_to_the_others_and_hosts_nothing() {
         assert_eq!(response.status, 200, "{}", response.body);
     }
     assert!(
-        hosted(&nodes[2]).await.is_empty(),
+        hosted_of(&nodes[2], "account").await.is_empty(),
         "the proxy hosts nothing"
     );
     let shards = http_client::get(nodes[2].http, "/sharding/account", Duration::from_secs(5))
@@ -514,9 +476,9 @@ async fn a_proxy_only_node_routes_to_the_others_and_hosts_nothing() {
             .map(Vec::len),
         Some(0)
     );
-    let served: BTreeSet<String> = hosted(&nodes[0])
+    let served: BTreeSet<String> = hosted_of(&nodes[0], "account")
         .await
-        .union(&hosted(&nodes[1]).await)
+        .union(&hosted_of(&nodes[1], "account").await)
         .cloned()
         .collect();
     assert_eq!(served, accounts, "the role's members run every account");

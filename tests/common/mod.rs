@@ -4,6 +4,7 @@
 pub mod deposits;
 pub mod memory;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -175,4 +176,43 @@ pub async fn wait_up(nodes: &[&NodeProcess], count: usize) {
 pub async fn kill(node: &mut NodeProcess) {
     node.child.start_kill().expect("SIGKILL");
     let _ = tokio::time::timeout(Duration::from_secs(60), node.child.wait()).await;
+}
+
+/// Waits until every node says it is ready (its regions registered with the coordinator).
+pub async fn wait_ready(nodes: &[&NodeProcess]) {
+    let start = Instant::now();
+    loop {
+        let mut ready = 0;
+        for node in nodes {
+            if let Ok(r) =
+                http_client::get(node.http, "/health/ready", Duration::from_secs(5)).await
+                && r.status == 200
+            {
+                ready += 1;
+            }
+        }
+        if ready == nodes.len() {
+            return;
+        }
+        assert!(start.elapsed() < DEADLINE, "nodes not ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The entities of `type_name` a node runs, from `GET /sharding/{type_name}`.
+pub async fn hosted_of(node: &NodeProcess, type_name: &str) -> BTreeSet<String> {
+    let path = format!("/sharding/{type_name}");
+    let response = http_client::get(node.http, &path, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    assert_eq!(response.status, 200, "{}", response.body);
+    let json: serde_json::Value = response.json().expect("JSON");
+    assert_eq!(json["type"], type_name);
+    json["shards"]
+        .as_array()
+        .expect("shards")
+        .iter()
+        .flat_map(|s| s["entities"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| e.as_str().map(str::to_string))
+        .collect()
 }

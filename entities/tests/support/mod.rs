@@ -1,21 +1,24 @@
-//! Shared by the entity tests: an in-memory journal and snapshot store with gates (to hold a
-//! write or a save in flight) and injected failures, and a small test entity, `tally`.
+//! Shared by the entity tests: the public in-memory journal and snapshot store behind gates
+//! (to hold a write or a save in flight) and injected failures, and a small test entity,
+//! `tally`.
 #![allow(dead_code)]
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_entities::{Effect, EntityConfig, EntityHost, EntityLifecycle, EntityType};
 use tessera_journal::{
-    AtomicWrite, EventEnvelope, Journal, JournalError, JournalStream, PersistentRepr, QueryMode,
+    AtomicWrite, EventEnvelope, Journal, JournalError, JournalStream, NewEvent, PersistentRepr,
+    QueryMode,
 };
 use tessera_snapshot::{
-    Manifest, Snapshot, SnapshotError, SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStore,
+    Manifest, MemorySnapshotStore, Snapshot, SnapshotError, SnapshotMetadata,
+    SnapshotSelectionCriteria, SnapshotStore,
 };
 use tokio::sync::watch;
 
@@ -41,12 +44,6 @@ impl Gate {
     }
 }
 
-#[derive(Default)]
-struct Log {
-    events: BTreeMap<u64, PersistentRepr>,
-    highest: u64,
-}
-
 /// One append as the journal saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppendRecord {
@@ -56,10 +53,11 @@ pub struct AppendRecord {
     pub count: usize,
 }
 
-/// An in-memory [`Journal`] with the RocksDB journal's append rules, plus a gate on appends
-/// and switches that make appends or replays fail.
+/// The public in-memory journal (which keeps the RocksDB journal's append rules), with a
+/// record of appends and replays, a gate on appends and switches that make appends, replays
+/// or confirmations fail.
 pub struct MemoryJournal {
-    logs: Mutex<HashMap<String, Log>>,
+    events: tessera_journal::MemoryJournal,
     appends: Mutex<Vec<AppendRecord>>,
     replays: Mutex<Vec<(String, u64)>>,
     pub append_gate: Gate,
@@ -78,7 +76,7 @@ pub struct MemoryJournal {
 impl Default for MemoryJournal {
     fn default() -> Self {
         MemoryJournal {
-            logs: Mutex::default(),
+            events: tessera_journal::MemoryJournal::new(),
             appends: Mutex::default(),
             replays: Mutex::default(),
             append_gate: Gate::open(),
@@ -109,28 +107,31 @@ impl MemoryJournal {
 
     /// The stored (not deleted) sequence numbers of a log.
     pub fn sequence_nrs(&self, pid: &str) -> Vec<u64> {
-        let logs = self.logs.lock().unwrap();
-        logs.get(pid)
-            .map(|log| log.events.keys().copied().collect())
-            .unwrap_or_default()
+        self.events
+            .events(pid)
+            .iter()
+            .map(|event| event.sequence_nr)
+            .collect()
     }
 
-    /// Stores events directly (e.g. written by an older release).
+    /// Stores an event directly (e.g. written by an older release), continuing its log.
     pub fn insert(&self, pid: &str, sequence_nr: u64, manifest: Manifest, payload: Vec<u8>) {
-        let mut logs = self.logs.lock().unwrap();
-        let log = logs.entry(pid.to_string()).or_default();
-        log.highest = log.highest.max(sequence_nr);
-        log.events.insert(
-            sequence_nr,
-            PersistentRepr {
-                persistence_id: pid.into(),
+        let write = AtomicWrite {
+            persistence_id: pid.into(),
+            writer_id: "test".into(),
+            events: vec![NewEvent {
                 sequence_nr,
-                writer_id: "test".into(),
                 timestamp_ms: 0,
                 manifest,
                 payload: payload.into(),
-            },
-        );
+                tags: Vec::new(),
+            }],
+        };
+        self.events
+            .append(write)
+            .now_or_never()
+            .expect("the in-memory journal answers at once")
+            .expect("an inserted event continues its log");
     }
 
     /// Asserts that the writers of each log never interleave: once a newer incarnation wrote,
@@ -157,36 +158,17 @@ impl MemoryJournal {
     }
 
     fn apply(&self, write: AtomicWrite) -> Result<(), JournalError> {
-        let mut logs = self.logs.lock().unwrap();
-        let log = logs.entry(write.persistence_id.clone()).or_default();
-        let first = write.events.first().map(|e| e.sequence_nr).unwrap_or(0);
-        if first != log.highest + 1 {
-            return Err(JournalError::SequenceMismatch {
-                persistence_id: write.persistence_id,
-                expected: log.highest + 1,
-                got: first,
-            });
-        }
-        for event in &write.events {
-            log.events.insert(
-                event.sequence_nr,
-                PersistentRepr {
-                    persistence_id: write.persistence_id.as_str().into(),
-                    sequence_nr: event.sequence_nr,
-                    writer_id: write.writer_id.as_str().into(),
-                    timestamp_ms: event.timestamp_ms,
-                    manifest: event.manifest.clone(),
-                    payload: event.payload.clone(),
-                },
-            );
-            log.highest = event.sequence_nr;
-        }
-        self.appends.lock().unwrap().push(AppendRecord {
+        let record = AppendRecord {
             persistence_id: write.persistence_id.clone(),
             writer_id: write.writer_id.clone(),
-            first,
+            first: write.events.first().map_or(0, |e| e.sequence_nr),
             count: write.events.len(),
-        });
+        };
+        self.events
+            .append(write)
+            .now_or_never()
+            .expect("the in-memory journal answers at once")?;
+        self.appends.lock().unwrap().push(record);
         Ok(())
     }
 }
@@ -257,27 +239,16 @@ impl Journal for SharedJournal {
             })])
             .boxed();
         }
-        let logs = self.0.logs.lock().unwrap();
-        let events: Vec<Result<PersistentRepr, JournalError>> = logs
-            .get(persistence_id)
-            .map(|log| {
-                log.events
-                    .range(from_sequence_nr..=to_sequence_nr)
-                    .take(max.min(usize::MAX as u64) as usize)
-                    .map(|(_, e)| Ok(e.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        futures::stream::iter(events).boxed()
+        self.0
+            .events
+            .replay(persistence_id, from_sequence_nr, to_sequence_nr, max)
     }
 
     fn highest_sequence_nr(
         &self,
         persistence_id: &str,
     ) -> BoxFuture<'static, Result<u64, JournalError>> {
-        let logs = self.0.logs.lock().unwrap();
-        let highest = logs.get(persistence_id).map(|l| l.highest).unwrap_or(0);
-        futures::future::ready(Ok(highest)).boxed()
+        self.0.events.highest_sequence_nr(persistence_id)
     }
 
     fn delete_to(
@@ -285,11 +256,7 @@ impl Journal for SharedJournal {
         persistence_id: &str,
         to_sequence_nr: u64,
     ) -> BoxFuture<'static, Result<(), JournalError>> {
-        let mut logs = self.0.logs.lock().unwrap();
-        if let Some(log) = logs.get_mut(persistence_id) {
-            log.events.retain(|seq, _| *seq > to_sequence_nr);
-        }
-        futures::future::ready(Ok(())).boxed()
+        self.0.events.delete_to(persistence_id, to_sequence_nr)
     }
 
     fn events_by_persistence_id(
@@ -303,30 +270,21 @@ impl Journal for SharedJournal {
 
     fn events_by_tag(
         &self,
-        _tag: &str,
-        _after_offset: u64,
-        _mode: QueryMode,
+        tag: &str,
+        after_offset: u64,
+        mode: QueryMode,
     ) -> JournalStream<EventEnvelope> {
-        futures::stream::empty().boxed()
+        self.0.events.events_by_tag(tag, after_offset, mode)
     }
 
-    fn persistence_ids(&self, _mode: QueryMode) -> JournalStream<String> {
-        let ids: Vec<_> = self
-            .0
-            .logs
-            .lock()
-            .unwrap()
-            .keys()
-            .cloned()
-            .map(Ok)
-            .collect();
-        futures::stream::iter(ids).boxed()
+    fn persistence_ids(&self, mode: QueryMode) -> JournalStream<String> {
+        self.0.events.persistence_ids(mode)
     }
 }
 
-/// An in-memory [`SnapshotStore`] with a gate on saves and a switch that corrupts loads.
+/// The public in-memory snapshot store with a gate on saves and a switch that corrupts loads.
 pub struct MemorySnapshots {
-    snapshots: Mutex<BTreeMap<(String, u64), Snapshot>>,
+    snapshots: MemorySnapshotStore,
     pub save_gate: Gate,
     pub fail_loads: AtomicBool,
 }
@@ -334,7 +292,7 @@ pub struct MemorySnapshots {
 impl MemorySnapshots {
     pub fn new() -> Arc<Self> {
         Arc::new(MemorySnapshots {
-            snapshots: Mutex::default(),
+            snapshots: MemorySnapshotStore::new(),
             save_gate: Gate::open(),
             fail_loads: AtomicBool::new(false),
         })
@@ -342,29 +300,21 @@ impl MemorySnapshots {
 
     /// The sequence numbers of a log's snapshots.
     pub fn sequence_nrs(&self, pid: &str) -> Vec<u64> {
-        self.snapshots
-            .lock()
-            .unwrap()
-            .keys()
-            .filter(|(p, _)| p == pid)
-            .map(|(_, s)| *s)
-            .collect()
+        self.snapshots.sequence_nrs(pid)
     }
 
     /// Stores a snapshot directly.
     pub fn insert(&self, pid: &str, sequence_nr: u64, manifest: Manifest, payload: Vec<u8>) {
-        self.snapshots.lock().unwrap().insert(
-            (pid.to_string(), sequence_nr),
-            Snapshot {
-                metadata: SnapshotMetadata {
-                    persistence_id: pid.to_string(),
-                    sequence_nr,
-                    timestamp_ms: 0,
-                },
-                manifest,
-                payload: payload.into(),
-            },
-        );
+        let metadata = SnapshotMetadata {
+            persistence_id: pid.to_string(),
+            sequence_nr,
+            timestamp_ms: 0,
+        };
+        self.snapshots
+            .save(metadata, manifest, payload.into())
+            .now_or_never()
+            .expect("the in-memory snapshot store answers at once")
+            .expect("the in-memory snapshot store takes every snapshot");
     }
 }
 
@@ -380,15 +330,7 @@ impl SnapshotStore for SharedSnapshots {
         let store = self.0.clone();
         async move {
             store.save_gate.wait().await;
-            store.snapshots.lock().unwrap().insert(
-                (metadata.persistence_id.clone(), metadata.sequence_nr),
-                Snapshot {
-                    metadata,
-                    manifest,
-                    payload,
-                },
-            );
-            Ok(())
+            store.snapshots.save(metadata, manifest, payload).await
         }
         .boxed()
     }
@@ -406,19 +348,7 @@ impl SnapshotStore for SharedSnapshots {
             }))
             .boxed();
         }
-        let found = self
-            .0
-            .snapshots
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|s| {
-                s.metadata.persistence_id == persistence_id
-                    && criteria.matches(s.metadata.sequence_nr, s.metadata.timestamp_ms)
-            })
-            .max_by_key(|s| s.metadata.sequence_nr)
-            .cloned();
-        futures::future::ready(Ok(found)).boxed()
+        self.0.snapshots.load(persistence_id, criteria)
     }
 
     fn delete(
@@ -426,12 +356,7 @@ impl SnapshotStore for SharedSnapshots {
         persistence_id: &str,
         sequence_nr: u64,
     ) -> BoxFuture<'static, Result<(), SnapshotError>> {
-        self.0
-            .snapshots
-            .lock()
-            .unwrap()
-            .remove(&(persistence_id.to_string(), sequence_nr));
-        futures::future::ready(Ok(())).boxed()
+        self.0.snapshots.delete(persistence_id, sequence_nr)
     }
 
     fn delete_matching(
@@ -439,11 +364,7 @@ impl SnapshotStore for SharedSnapshots {
         persistence_id: &str,
         criteria: SnapshotSelectionCriteria,
     ) -> BoxFuture<'static, Result<(), SnapshotError>> {
-        self.0.snapshots.lock().unwrap().retain(|(pid, _), s| {
-            !(pid == persistence_id
-                && criteria.matches(s.metadata.sequence_nr, s.metadata.timestamp_ms))
-        });
-        futures::future::ready(Ok(())).boxed()
+        self.0.snapshots.delete_matching(persistence_id, criteria)
     }
 }
 
