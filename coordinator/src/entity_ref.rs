@@ -64,6 +64,31 @@ impl<R> From<AskFailure> for AskError<R> {
 ///
 /// A command asked where the entity runs is never encoded; one asked on another node crosses
 /// in postcard under `E::MESSAGE_VERSION`, and its answer comes back the same way.
+///
+/// # Example
+///
+/// A reference comes from the node (`tessera::Node::entity_ref::<E>(id)`); what an ask
+/// answers is the entity's own reply or rejection type, and a failure says whether the
+/// command took effect:
+///
+/// ```
+/// use tessera_coordinator::host::AskOutcome;
+/// use tessera_coordinator::{AskError, EntityRef};
+/// use tessera_entities::EntityType;
+///
+/// /// Asks once and says what became of the command.
+/// async fn ask_once<E: EntityType>(entity: &EntityRef<E>, command: E::Command) -> String {
+///     match entity.ask(command).await {
+///         Ok(_reply) => format!("{} answered", entity.id()),
+///         Err(AskError::Rejected(rejection)) => format!("refused, nothing persisted: {rejection}"),
+///         Err(AskError::Failed(failure)) => match failure.outcome {
+///             AskOutcome::NotApplied => format!("not applied, safe to retry: {failure}"),
+///             AskOutcome::Unknown => format!("may still take effect: {failure}"),
+///             AskOutcome::Applied => format!("applied, its reply lost: {failure}"),
+///         },
+///     }
+/// }
+/// ```
 pub struct EntityRef<E: EntityType> {
     route: Result<RegionRef, AskFailure>,
     id: Arc<str>,

@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Active entities of every host given this budget (in [`EntityConfig::node_budget`]
-/// (crate::EntityConfig::node_budget)), against one limit. Cheap to clone; clones share the
+/// Active entities of every host given this budget (in
+/// [`EntityConfig::node_budget`](crate::EntityConfig::node_budget)), against one limit. Cheap to clone; clones share the
 /// count.
 ///
 /// A host partition about to start an entity while the budget is at its limit first

@@ -336,6 +336,8 @@ pub struct NodeArgs {
     /// The keys given as flags: the top configuration layer.
     #[command(flatten)]
     pub keys: ConfigLayer,
+    // The doc comment is clap's help text, written for a terminal, not for rustdoc.
+    #[allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
     /// A key of one entity type's own section, <type>.<key>=<value> (repeat or
     /// comma-separate), e.g. account.passivate_after=30s [env: TESSERA_ENTITY_<TYPE>_<KEY>]
     #[arg(long = "entity", value_name = "TYPE.KEY=VALUE", value_delimiter = ',', value_parser = parse_entity_flag)]

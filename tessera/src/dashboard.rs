@@ -4,7 +4,7 @@
 //!
 //! The page, its script and its style are embedded in the binary (no build step, nothing
 //! loaded from elsewhere). Besides the HTTP API's own routes the page reads:
-//! - `GET /cluster/events`: the cluster's membership events as server-sent events ([`events`]);
+//! - `GET /cluster/events`: the cluster's membership events as server-sent events;
 //! - `GET /dashboard/node`: this node's address, entity types and key count, `{"self":
 //!   "127.0.0.1:25520", "entity_types": ["account"], "ddata_keys": 12}`.
 //!

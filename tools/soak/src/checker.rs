@@ -250,7 +250,7 @@ pub struct CheckResult {
     pub summary: String,
     /// How many anomalies it found.
     pub anomaly_count: usize,
-    /// The first [`MAX_DESCRIBED`] of them.
+    /// The first `MAX_DESCRIBED` of them.
     pub anomalies: Vec<String>,
 }
 

@@ -109,7 +109,7 @@ async fn sample(https: &[SocketAddr], pids: &Mutex<Vec<Option<u32>>>, record: &m
     }
 }
 
-/// Samples every [`SAMPLE_INTERVAL`] until `stop` turns true, and once more then.
+/// Samples every `SAMPLE_INTERVAL` until `stop` turns true, and once more then.
 pub async fn run(
     https: Vec<SocketAddr>,
     pids: Arc<Mutex<Vec<Option<u32>>>>,

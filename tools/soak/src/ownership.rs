@@ -166,7 +166,7 @@ pub async fn sample(https: &[SocketAddr], start: Instant) -> Option<OwnershipSam
     Some(OwnershipSample { at_ms, hosts })
 }
 
-/// Samples every [`SAMPLE_INTERVAL`] until `stop` turns true.
+/// Samples every `SAMPLE_INTERVAL` until `stop` turns true.
 pub async fn run(
     https: Vec<SocketAddr>,
     start: Instant,
