@@ -49,7 +49,6 @@ use tessera_cluster::transport::TcpTransport;
 use tessera_cluster::{MemberStatus, UniqueAddress};
 use tessera_coordinator::host::{AskFailure, AskOutcome, FailureKind};
 use tessera_coordinator::runtime::Sharding;
-use tessera_coordinator::typed_host::failure_of;
 use tessera_coordinator::{AskError, EntityRef};
 use tessera_entities::EntityType;
 use tessera_example_account::{Account, AccountCommand, AccountRejection, Balance};
@@ -601,10 +600,10 @@ impl Route {
     async fn ask(&self, entity: usize, command: AccountCommand) -> Result<Balance, AskFailure> {
         match self {
             Route::Sharded(refs) => refs[entity].ask(command).await.map_err(ask_failure),
-            Route::Direct(refs) => refs[entity].ask(command).await.map_err(|e| match e {
-                tessera_entities::AskError::Entity(e) => failure_of(&e),
-                tessera_entities::AskError::Rejected(r) => ask_failure(AskError::Rejected(r)),
-            }),
+            Route::Direct(refs) => refs[entity]
+                .ask(command)
+                .await
+                .map_err(|e| ask_failure(e.into())),
         }
     }
 }

@@ -51,6 +51,19 @@ impl<R: fmt::Display> fmt::Display for AskError<R> {
 
 impl<R: fmt::Display + fmt::Debug> std::error::Error for AskError<R> {}
 
+/// An ask of a host on this node answered as an ask through sharding answers: the entity's
+/// rejection stays its own, a runtime error becomes the failure it means.
+impl<R> From<tessera_entities::AskError<R>> for AskError<R> {
+    fn from(error: tessera_entities::AskError<R>) -> Self {
+        match error {
+            tessera_entities::AskError::Rejected(rejection) => AskError::Rejected(rejection),
+            tessera_entities::AskError::Entity(error) => {
+                AskError::Failed(crate::typed_host::failure_of(&error))
+            }
+        }
+    }
+}
+
 impl<R> From<AskFailure> for AskError<R> {
     fn from(failure: AskFailure) -> Self {
         AskError::Failed(failure)

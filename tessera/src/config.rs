@@ -1816,15 +1816,18 @@ impl NodeConfig {
 
     /// `node_active_entity_limit` as a budget's limit: `None` for 0 (no limit).
     pub fn node_active_entity_limit(&self) -> Option<usize> {
-        (self.node_active_entity_limit != 0)
-            .then(|| usize::try_from(self.node_active_entity_limit).unwrap_or(usize::MAX))
+        entity_limit(self.node_active_entity_limit)
     }
 
     /// `active_entity_limit` as the entities host takes it: `None` for 0 (no limit).
     pub fn active_entity_limit(&self) -> Option<usize> {
-        (self.active_entity_limit != 0)
-            .then(|| usize::try_from(self.active_entity_limit).unwrap_or(usize::MAX))
+        entity_limit(self.active_entity_limit)
     }
+}
+
+/// A configured count of entities as a limit: `None` for 0 (no limit).
+pub(crate) fn entity_limit(configured: u64) -> Option<usize> {
+    (configured != 0).then(|| usize::try_from(configured).unwrap_or(usize::MAX))
 }
 
 /// True for 127.0.0.0/8, ::1 (bracketed or not) and `localhost`.

@@ -332,8 +332,7 @@ impl ResolvedEntitySettings {
 
     /// `active_entity_limit` as the host takes it: `None` for 0 (no limit).
     pub fn active_entity_limit(&self) -> Option<usize> {
-        (self.active_entity_limit != 0)
-            .then(|| usize::try_from(self.active_entity_limit).unwrap_or(usize::MAX))
+        crate::config::entity_limit(self.active_entity_limit)
     }
 }
 

@@ -54,15 +54,7 @@ impl<E: EntityType> JsonFace<E> {
         JsonFace {
             ask: Arc::new(move |id, command| {
                 let answer = host.entity_ref(id).map(|entity| entity.ask(command));
-                async move {
-                    use tessera_entities::AskError as HostAskError;
-                    match answer.map_err(|e| failure_of(&e))?.await {
-                        Ok(reply) => Ok(reply),
-                        Err(HostAskError::Rejected(r)) => Err(AskError::Rejected(r)),
-                        Err(HostAskError::Entity(e)) => Err(AskError::Failed(failure_of(&e))),
-                    }
-                }
-                .boxed()
+                async move { Ok(answer.map_err(|e| failure_of(&e))?.await?) }.boxed()
             }),
         }
     }
