@@ -1,6 +1,8 @@
 //! tessera-replication: the fenced quorum protocol behind the replicated journal
 //! (docs/src/design.md §5 "Replication"), as plain state machines with no IO.
 //!
+//! - [`committed_reader`]: reads logs' acknowledged entries from their replicas, in order
+//!   and never past a replica's acknowledged mark (the queries by slice).
 //! - [`epoch`]: epochs (which writer) and positions (how up to date a log is).
 //! - [`configuration`]: replica identities, a log's configuration, quorum sizes.
 //! - [`message`]: what writers and replicas say to each other.
@@ -14,6 +16,7 @@
 //! The journal's RocksDB replica store applies [`replica`]'s decisions; the tokio layer that
 //! runs writers and serves replicas over the cluster transport lives in `tessera-persistence`.
 
+pub mod committed_reader;
 pub mod configuration;
 pub mod epoch;
 pub mod memory;

@@ -13,7 +13,15 @@
 //! in the final log; any two replays prefixes of one another; a replay that began after an
 //! acknowledgement contains it; no value whose write was refused (not applied) anywhere; and
 //! no replica's promise ever going down.
+//!
+//! A scenario may also run a reader of the acknowledged log ([`committed_reader`]), checked
+//! for what the queries by slice promise.
 
+mod committed_reader;
+
+pub use committed_reader::Delivery;
+
+use crate::committed_reader::ReaderSabotage;
 use crate::configuration::{Quorums, ReplicaId};
 use crate::epoch::Epoch;
 use crate::memory::{MemoryLog, ReadLimits};
@@ -73,6 +81,9 @@ pub struct Scenario {
     /// Deliberately broken placement: writers are told of no store beyond the members they
     /// see (to show the checks catch a log created again after a full restart).
     pub forget_known_stores: bool,
+    /// Runs a reader of the acknowledged log beside the writers (with these rules broken, to
+    /// show the checks catch it), and checks what it delivered.
+    pub committed_reader: Option<ReaderSabotage>,
 }
 
 /// A fault the scenario injects, at a random moment, for a random time.
@@ -274,6 +285,10 @@ pub struct Simulation {
     pub stats: Stats,
     /// A line per message and fault when tracing is on (for reading a failing seed).
     pub trace: Option<Vec<String>>,
+    /// The highest sequence number a client asked to delete up to.
+    deleted_up_to: u64,
+    /// The reader of the acknowledged log, if the scenario runs one.
+    projection: Option<committed_reader::ReaderProc>,
 }
 
 /// Counters of a run, to see that a scenario exercised what it says.
@@ -340,6 +355,7 @@ impl Simulation {
             max_queued_operations: 8,
             max_recovery_attempts: 6,
             read_lease: READ_LEASE,
+            mark_delay: Duration::from_millis(30),
         };
         let rules = Rules {
             sabotage: scenario.sabotage,
@@ -373,7 +389,10 @@ impl Simulation {
             final_base: 0,
             stats: Stats::default(),
             trace: None,
+            deleted_up_to: 0,
+            projection: None,
         };
+        sim.place_projection();
         sim.rebuild_placements();
         sim.schedule(TICK, Event::Tick);
         for node in sim.writer_nodes() {
@@ -586,6 +605,7 @@ impl Simulation {
             self.check_caught_up();
         }
         self.audit();
+        self.finish_projection();
     }
 
     fn run_until(&mut self, end: Instant, clients_act: bool) {
@@ -619,6 +639,7 @@ impl Simulation {
                     self.tick_client(node, clients_act);
                 }
                 self.operator_forgets();
+                self.tick_projection(clients_act);
                 self.schedule(TICK, Event::Tick);
             }
             Event::ClientWants(node) => {
@@ -670,7 +691,7 @@ impl Simulation {
                     self.stats.dropped += 1;
                     return;
                 }
-                self.deliver_answer(to, incarnation, id, answer);
+                self.deliver_answer(from, to, incarnation, id, answer);
             }
             Event::FaultStart(kind) => self.start_fault(kind),
             Event::Heal(heal) => {
@@ -747,6 +768,9 @@ impl Simulation {
             FaultKind::CrashWriter => {
                 let node = pick(&mut self.rng);
                 self.crash_client(node);
+                if self.projection.as_ref().is_some_and(|p| p.node == node) {
+                    self.crash_projection();
+                }
                 self.schedule(how_long, Event::Heal(Heal::Writer(node)));
             }
             FaultKind::CrashReplica => {
@@ -835,6 +859,7 @@ impl Simulation {
                 self.placements_changed();
             }
             FaultKind::FullRestart => {
+                self.crash_projection();
                 let all: Vec<usize> = self.members.iter().copied().collect();
                 for &node in &all {
                     self.crash_client(node);
@@ -987,6 +1012,7 @@ impl Simulation {
             }
         } else if delete {
             let to = seq.saturating_sub(self.rng.random_range(1..5));
+            self.deleted_up_to = self.deleted_up_to.max(to);
             if let Some(writer) = self.nodes[node].client.writer.as_mut() {
                 writer.delete_to(op, to, now);
             }
@@ -1260,7 +1286,20 @@ impl Simulation {
         self.nodes[node].highest_promise = self.nodes[node].highest_promise.max(promise);
     }
 
-    fn deliver_answer(&mut self, node: usize, incarnation: u64, id: RequestId, answer: Answer) {
+    fn deliver_answer(
+        &mut self,
+        from: usize,
+        node: usize,
+        incarnation: u64,
+        id: RequestId,
+        answer: Answer,
+    ) {
+        if Self::is_projection_request(id) {
+            if self.projection.as_ref().is_some_and(|p| p.node == node) {
+                self.projection_answer(from, incarnation, id, answer);
+            }
+            return;
+        }
         let client = &self.nodes[node].client;
         if client.incarnation != incarnation || client.crashed {
             return;
@@ -1592,6 +1631,7 @@ impl Simulation {
                 }
             }
         }
+        found.extend(self.check_projection());
         found.sort();
         found.dedup();
         let mut violations = std::mem::take(&mut self.violations);

@@ -4,6 +4,9 @@
 //! writes from a fenced writer, promises without fencing, or lets a repeated seal truncate
 //! again, and a writer that creates a log again on a node restarted alone.
 
+#[path = "simulation/committed_reader.rs"]
+mod committed_reader;
+
 use std::time::Duration;
 use tessera_replication::replica::Sabotage;
 use tessera_replication::sim::{FaultKind, Scenario, Simulation, Stats};

@@ -70,6 +70,11 @@ pub struct WriterSettings {
     /// [`crate::replica::MAX_READ_LEASE`]; zero: none). While one runs, confirmations are
     /// answered without a round; a new writer's recovery may wait up to this long for it.
     pub read_lease: Duration,
+    /// How long after an append is acknowledged its replicas may go without hearing so
+    /// when no later write tells them: then an empty append carries the acknowledged mark.
+    /// Readers of the replicas (the queries by slice) serve only what a replica knows to be
+    /// acknowledged, so this bounds how late an acknowledged event becomes readable.
+    pub mark_delay: Duration,
 }
 
 impl Default for WriterSettings {
@@ -86,6 +91,7 @@ impl Default for WriterSettings {
             max_queued_operations: 1_024,
             max_recovery_attempts: 8,
             read_lease: crate::replica::MAX_READ_LEASE,
+            mark_delay: Duration::from_millis(50),
         }
     }
 }
@@ -394,7 +400,12 @@ impl<P: Payload> LogWriter<P> {
     /// Whether time-driven work is pending (a request out, an operation waiting, a recovery
     /// under way); an idle serving writer needs only an occasional tick.
     pub fn needs_tick(&self) -> bool {
-        !self.sent.is_empty() || !self.queue.is_empty() || !self.is_serving()
+        !self.sent.is_empty()
+            || !self.queue.is_empty()
+            || match &self.phase {
+                Phase::Serving(s) => s.owes_mark(),
+                _ => true,
+            }
     }
 
     /// True once the writer stopped.

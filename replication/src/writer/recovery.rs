@@ -546,15 +546,18 @@ impl<P: Payload> Recovery<P> {
             }
             followers.insert(member.clone(), follower);
         }
-        Next::Serve(Box::new(Serving::new(
-            self.epoch,
-            adopted.config,
-            last,
-            adopted.deleted_to,
-            followers,
-            window,
-            &self.sealed,
-        )))
+        Next::Serve(Box::new(
+            Serving::new(
+                self.epoch,
+                adopted.config,
+                last,
+                adopted.deleted_to,
+                followers,
+                window,
+                &self.sealed,
+            )
+            .owe_mark(ctx.now),
+        ))
     }
 
     pub fn on_failure(&mut self, ctx: &mut Ctx<'_, P>, id: RequestId, to: &Target) -> Next<P> {

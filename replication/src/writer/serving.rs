@@ -72,6 +72,9 @@ pub(crate) struct Serving<P> {
     /// margin taken off): no other writer can recover the log, so confirmations need no
     /// round.
     lease_until: Option<Instant>,
+    /// When the members that hold the log but not yet its acknowledged mark are told it,
+    /// should no write carry it before (see [`crate::WriterSettings::mark_delay`]).
+    mark_due: Option<Instant>,
 }
 
 impl<P: Payload> Serving<P> {
@@ -102,7 +105,20 @@ impl<P: Payload> Serving<P> {
             in_flight: None,
             probing: None,
             lease_until: None,
+            mark_due: None,
         }
+    }
+
+    /// The members are told the acknowledged mark at the next tick from `now` (a recovered
+    /// log is acknowledged up to its end once the barrier is).
+    pub fn owe_mark(mut self, now: Instant) -> Self {
+        self.mark_due = Some(now);
+        self
+    }
+
+    /// Whether members wait to learn the acknowledged mark.
+    pub fn owes_mark(&self) -> bool {
+        self.mark_due.is_some()
     }
 
     pub fn last(&self) -> Position {
@@ -410,6 +426,8 @@ impl<P: Payload> Serving<P> {
             .has_quorum(holding.iter().copied(), |n| quorums.acks(n))
         {
             self.lac = self.lac.max(last_seq);
+            self.mark_due
+                .get_or_insert(ctx.now + ctx.settings.mark_delay);
             self.in_flight = None;
             ctx.out.push(Output::Completed {
                 op,
@@ -567,7 +585,36 @@ impl<P: Payload> Serving<P> {
         for member in woken {
             self.drive(ctx, &member);
         }
+        self.tell_mark(ctx);
         Next::Stay
+    }
+
+    /// Once the mark is due and nothing in flight carries it: an empty append to each idle
+    /// member that holds the whole log but does not know how much of it is acknowledged.
+    fn tell_mark(&mut self, ctx: &mut Ctx<'_, P>) {
+        let Some(due) = self.mark_due else {
+            return;
+        };
+        if due > ctx.now || self.in_flight.is_some() {
+            return;
+        }
+        self.mark_due = None;
+        let view = LogView {
+            epoch: self.epoch,
+            lac: self.lac,
+            target: self.last,
+            window: &self.window,
+            sources: &[],
+            config: &self.config,
+        };
+        for follower in self.followers.values_mut() {
+            if follower.is_idle()
+                && follower.committed < self.lac
+                && follower.matched >= self.last.seq
+            {
+                follower.probe(ctx, &view);
+            }
+        }
     }
 
     /// Members of the configuration whose replica is gone: their node left the cluster, or
