@@ -10,6 +10,7 @@
 //! earlier releases, which stay readable. A store written by a newer release is refused at
 //! open.
 
+mod by_slice;
 mod config;
 mod entry;
 mod error;
@@ -19,7 +20,9 @@ mod journal;
 mod memory;
 mod record;
 mod rocks;
+pub mod slice;
 
+pub use by_slice::{SliceEnvelope, SliceItem, SliceOffset};
 pub use config::JournalConfig;
 pub use entry::StoredEvent;
 pub use error::{JournalError, MAX_TAGS_PER_EVENT};

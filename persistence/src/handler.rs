@@ -2,6 +2,7 @@
 //! requests to its snapshot store after a check of the log's promise. The replica service
 //! runs calls from other nodes through it, and this node's own writers call it directly.
 
+use crate::commit_feed::{self, CommitFeed, FeedRead};
 use crate::store::ReplicaStore;
 use crate::wire::{Criteria, ReplicaCall, ReplicaReply, ReplicaRequest, SnapshotData};
 use futures::future::BoxFuture;
@@ -13,7 +14,13 @@ use tessera_snapshot::{SnapshotMetadata, SnapshotSelectionCriteria, SnapshotStor
 pub(crate) struct ReplicaHandler {
     pub store: Arc<dyn ReplicaStore>,
     pub snapshots: Arc<dyn SnapshotStore>,
+    /// The marks the store learned, for the queries by slice.
+    pub feed: Arc<CommitFeed>,
 }
+
+/// Logs a slice scan reads at most per call (one replica request: it must answer well
+/// within a request's timeout).
+const MAX_SLICE_SCAN: u32 = 4_096;
 
 impl Criteria {
     pub fn from_selection(criteria: &SnapshotSelectionCriteria) -> Self {
@@ -82,9 +89,17 @@ impl ReplicaHandler {
                 request => answers.push(Some(self.handle(ReplicaCall { request, ..call }))),
             }
         }
+        let logs: Vec<String> = log_requests.iter().map(|(log, _)| log.clone()).collect();
         let applied = self.store.apply_many(log_requests);
+        let feed = self.feed.clone();
         Box::pin(async move {
-            let mut applied = applied.await.into_iter();
+            let applied = applied.await;
+            for (log, answer) in logs.iter().zip(&applied) {
+                if let Ok(response) = answer {
+                    feed.observe(log, response);
+                }
+            }
+            let mut applied = applied.into_iter();
             let mut replies = Vec::with_capacity(answers.len());
             for answer in answers {
                 replies.push(match answer {
@@ -106,9 +121,59 @@ impl ReplicaHandler {
         match call.request {
             ReplicaRequest::Log(request) => {
                 let applied = self.store.apply(&call.log, request);
+                let feed = self.feed.clone();
                 Box::pin(async move {
                     match applied.await {
-                        Ok(response) => ReplicaReply::Answer(response),
+                        Ok(response) => {
+                            feed.observe(&call.log, &response);
+                            ReplicaReply::Answer(response)
+                        }
+                        Err(e) => failed(e),
+                    }
+                })
+            }
+            ReplicaRequest::SliceChanges {
+                entity_type,
+                slices,
+                cursor,
+                max_logs,
+            } => {
+                let read = self
+                    .feed
+                    .read(cursor, &entity_type, slices, max_logs.max(1) as usize);
+                let reply = match read {
+                    FeedRead::Changes { cursor, logs } => ReplicaReply::SliceChanges {
+                        cursor,
+                        logs,
+                        rescan: false,
+                    },
+                    FeedRead::Rescan { cursor } => ReplicaReply::SliceChanges {
+                        cursor,
+                        logs: Vec::new(),
+                        rescan: true,
+                    },
+                };
+                Box::pin(futures::future::ready(reply))
+            }
+            ReplicaRequest::SliceScan {
+                entity_type,
+                slices,
+                after,
+                max_scanned,
+            } => {
+                let store = self.store.clone();
+                let max_scanned = max_scanned.clamp(1, MAX_SLICE_SCAN) as usize;
+                Box::pin(async move {
+                    match commit_feed::scan(
+                        store.as_ref(),
+                        &entity_type,
+                        slices,
+                        after,
+                        max_scanned,
+                    )
+                    .await
+                    {
+                        Ok((logs, next)) => ReplicaReply::SliceScan { logs, next },
                         Err(e) => failed(e),
                     }
                 })

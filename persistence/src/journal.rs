@@ -8,6 +8,7 @@
 //! and live queries, run over the logs this node's store holds.
 
 use crate::caller::{CallResult, ReplicaCaller};
+use crate::slice_query::SliceQuerySettings;
 use crate::store::ReplicaStore;
 use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
 use crate::writers::{Command, ReadyLog, Writers};
@@ -17,9 +18,10 @@ use smol_str::SmolStr;
 use std::sync::Arc;
 use tessera_cluster::node::ClusterSnapshot;
 use tessera_cluster::{Address, MemberStatus};
+use tessera_journal::slice::SliceRange;
 use tessera_journal::{
     AtomicWrite, EventEnvelope, Journal, JournalError, JournalStream, PersistentRepr, QueryMode,
-    validate_write,
+    SliceItem, SliceOffset, validate_write,
 };
 use tessera_replication::{
     ConfigAt, LogSummary, ReplicaId, Request, Response, Target, WriterStatus,
@@ -112,6 +114,47 @@ impl ReplicatedJournal {
             membership,
             max_write_bytes,
         }
+    }
+
+    /// Every acknowledged event of the logs of `entity_type` in `slices`, each log's in
+    /// sequence order after its sequence number in `offset`, read from the members' replicas
+    /// (docs/src/design.md §5 "Reading the acknowledged logs"): never an event that was not
+    /// acknowledged, never a gap. `Current` ends once every member that answers was asked and
+    /// all it reported acknowledged was delivered; `Live` goes on until the stream is dropped.
+    pub fn events_by_slices(
+        &self,
+        entity_type: &str,
+        slices: SliceRange,
+        offset: SliceOffset,
+        mode: QueryMode,
+    ) -> JournalStream<SliceItem> {
+        self.events_by_slices_with(
+            entity_type,
+            slices,
+            offset,
+            mode,
+            SliceQuerySettings::default(),
+        )
+    }
+
+    /// [`ReplicatedJournal::events_by_slices`] with other settings.
+    pub fn events_by_slices_with(
+        &self,
+        entity_type: &str,
+        slices: SliceRange,
+        offset: SliceOffset,
+        mode: QueryMode,
+        settings: SliceQuerySettings,
+    ) -> JournalStream<SliceItem> {
+        crate::slice_query::events_by_slices(
+            self.caller.clone(),
+            self.membership.clone(),
+            entity_type,
+            slices,
+            offset,
+            mode,
+            settings,
+        )
     }
 
     /// Asks every member of the cluster what it holds of a log (a read; nothing is fenced):

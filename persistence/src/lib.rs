@@ -8,12 +8,14 @@
 //! [`Persistence::start`] wires it on a cluster node.
 
 mod caller;
+pub mod commit_feed;
 mod handler;
 pub mod journal;
 pub mod known_stores;
 pub mod maintenance;
 pub mod metrics;
 pub mod service;
+mod slice_query;
 pub mod snapshots;
 pub mod store;
 pub mod wire;
@@ -23,6 +25,7 @@ pub use journal::{ForgetStoreError, LogInspection, ReplicaView, ReplicatedJourna
 pub use known_stores::{KnownStores, KnownStoresError};
 pub use metrics::{PersistenceMetrics, PersistenceMetricsSnapshot};
 pub use service::ReplicaServiceSettings;
+pub use slice_query::SliceQuerySettings;
 pub use snapshots::ReplicatedSnapshotStore;
 pub use store::{MemoryReplicaStore, ReplicaStore, RocksReplicaStore, StoreError};
 pub use tessera_journal::StoredEvent;
@@ -104,6 +107,7 @@ impl Persistence {
         let handler = Arc::new(ReplicaHandler {
             store: store.clone(),
             snapshots,
+            feed: Arc::new(commit_feed::CommitFeed::new(commit_feed::FEED_CAPACITY)),
         });
         let service = service::start(&transport, handler.clone(), settings.service.clone())?;
         let metrics = Arc::new(PersistenceMetrics::default());

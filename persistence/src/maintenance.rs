@@ -10,6 +10,10 @@
 //! `max_concurrent` such writers run at once, so a full scan of `L` logs takes at most about
 //! `L / page_size` rounds plus the time their changes take.
 //!
+//! A log also needs care when its replica here holds entries above its acknowledged mark,
+//! unchanged, for that long: its last writer died before telling the mark, and a recovery settles the tail
+//! (so that the queries by slice, which read only acknowledged entries, see them).
+//!
 //! A log that an entity writes on another node is moved by that node's writer, which sees the
 //! membership change itself; taking it over from here would fence that writer and fail the
 //! entity's commands in flight. So a log is taken care of only once it has needed care for
@@ -82,6 +86,21 @@ pub fn has_lost_member(
     })
 }
 
+/// The members whose replicas count: those Up, Leaving or Exiting.
+pub(crate) fn holding_members(snapshot: &ClusterSnapshot) -> BTreeSet<Address> {
+    snapshot
+        .members
+        .iter()
+        .filter(|m| {
+            matches!(
+                m.status,
+                MemberStatus::Up | MemberStatus::Leaving | MemberStatus::Exiting
+            )
+        })
+        .map(|m| m.address().clone())
+        .collect()
+}
+
 /// Whether `local` is the first live member of `config`: the one that takes care of it.
 pub fn takes_care(config: &Configuration, members: &BTreeSet<Address>, local: &Address) -> bool {
     config
@@ -110,23 +129,16 @@ pub(crate) fn start(
         let mut probed: Option<(BTreeSet<Address>, tokio::time::Instant)> = None;
         // Logs that need care, and since when.
         let mut needing_care: HashMap<String, tokio::time::Instant> = HashMap::new();
+        // Logs whose tail here stays above the acknowledged mark: since when, and the
+        // (mark, last entry) it stays at.
+        let mut stuck_tails: HashMap<String, (tokio::time::Instant, (u64, u64))> = HashMap::new();
         loop {
             tokio::time::sleep(settings.scan_interval).await;
             let snapshot = membership.borrow_and_update().clone();
             if snapshot.self_status != Some(MemberStatus::Up) {
                 continue;
             }
-            let members: BTreeSet<Address> = snapshot
-                .members
-                .iter()
-                .filter(|m| {
-                    matches!(
-                        m.status,
-                        MemberStatus::Up | MemberStatus::Leaving | MemberStatus::Exiting
-                    )
-                })
-                .map(|m| m.address().clone())
-                .collect();
+            let members = holding_members(&snapshot);
             let due = probed.as_ref().is_none_or(|(probed_members, at)| {
                 *probed_members != members || at.elapsed() >= PROBE_INTERVAL
             });
@@ -180,6 +192,7 @@ pub(crate) fn start(
                     learn_from_configs = false;
                 }
             }
+            let unsettled = unsettled_tails(store.as_ref(), &page).await;
             let mut started = 0;
             let now = tokio::time::Instant::now();
             for (log, config) in page {
@@ -187,6 +200,34 @@ pub(crate) fn start(
                     // The rest of the page is looked at again in the next pass.
                     after = None;
                     break;
+                }
+                // A tail counts as left behind only while it stays exactly as it was: a log
+                // being written moves.
+                let stuck = match unsettled.get(&log) {
+                    Some(&tail) => match stuck_tails.get(&log) {
+                        Some((since, seen)) if *seen == tail => {
+                            now.duration_since(*since) >= settings.takeover_grace
+                        }
+                        _ => {
+                            if stuck_tails.len() < NEEDING_CARE_CAPACITY {
+                                stuck_tails.insert(log.clone(), (now, tail));
+                            }
+                            false
+                        }
+                    },
+                    None => {
+                        stuck_tails.remove(&log);
+                        false
+                    }
+                };
+                if stuck && takes_care(&config.config, &members, &local) {
+                    started += 1;
+                    stuck_tails.remove(&log);
+                    needing_care.remove(&log);
+                    let _ = writers.send(Command::Maintain {
+                        persistence_id: log,
+                    });
+                    continue;
                 }
                 if !(has_lost_member(&config.config, &members, &storage_ids)
                     && takes_care(&config.config, &members, &local))
@@ -212,6 +253,38 @@ pub(crate) fn start(
             }
         }
     })
+}
+
+/// Logs of `page` whose replica here holds entries above its acknowledged mark, with the
+/// mark and the last entry. Once that has lasted `takeover_grace` unchanged, no writer
+/// serves the log (one that did would have told its
+/// replicas the mark within its `mark_delay`): the last one died between storing entries and
+/// telling the mark. A writer started here recovers the log, which settles the tail —
+/// acknowledged and so marked, or truncated — and the queries by slice see what was
+/// acknowledged without waiting for the entity to write again.
+async fn unsettled_tails(
+    store: &dyn ReplicaStore,
+    page: &[(String, tessera_replication::ConfigAt)],
+) -> HashMap<String, (u64, u64)> {
+    let located = store
+        .apply_many(
+            page.iter()
+                .map(|(log, _)| (log.clone(), Request::Locate))
+                .collect(),
+        )
+        .await;
+    page.iter()
+        .zip(located)
+        .filter_map(|((log, _), answer)| match answer {
+            Ok(Response::Located {
+                summary: Some(summary),
+                ..
+            }) if summary.last.seq > summary.committed() => {
+                Some((log.clone(), (summary.committed(), summary.last.seq)))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Asks every member which store it runs, with the probe log.

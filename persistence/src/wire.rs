@@ -1,10 +1,12 @@
 //! The replica service's messages on the cluster transport: a version byte, then postcard.
 //! Decoding any bytes gives a message or a typed error, never a panic.
 
+use crate::commit_feed::{FeedCursor, LogReach};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
 use tessera_journal::StoredEvent;
+use tessera_journal::slice::SliceRange;
 use tessera_replication::{Epoch, Request, Response};
 
 /// Version byte in front of every single replica call and reply.
@@ -45,6 +47,23 @@ pub enum ReplicaRequest {
     NamesStore {
         storage_id: u64,
         after: Option<String>,
+    },
+    /// Which logs of `entity_type` in `slices` moved since `cursor` (the call's log is not
+    /// used), from this node's feed of acknowledged marks ([`crate::commit_feed`]); at most
+    /// `max_logs`.
+    SliceChanges {
+        entity_type: String,
+        slices: SliceRange,
+        cursor: Option<FeedCursor>,
+        max_logs: u32,
+    },
+    /// What this node holds of its logs of `entity_type` in `slices`, after `after` in log
+    /// order, reading at most `max_scanned` of its logs (the call's log is not used).
+    SliceScan {
+        entity_type: String,
+        slices: SliceRange,
+        after: Option<String>,
+        max_scanned: u32,
     },
 }
 
@@ -92,6 +111,18 @@ pub enum ReplicaReply {
     /// `next`: where to go on, if the store holds more.
     NamedBy {
         logs: Vec<String>,
+        next: Option<String>,
+    },
+    /// To `SliceChanges`: the logs that moved, and where to read on from; `rescan`: the
+    /// feed no longer holds what followed the cursor (scan, then read on from `cursor`).
+    SliceChanges {
+        cursor: FeedCursor,
+        logs: Vec<LogReach>,
+        rescan: bool,
+    },
+    /// To `SliceScan`: the logs found, and where to go on (`None`: the scan is done).
+    SliceScan {
+        logs: Vec<LogReach>,
         next: Option<String>,
     },
 }

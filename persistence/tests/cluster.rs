@@ -1,6 +1,9 @@
 //! The replicated journal on three nodes in one process: in-memory transport and replica
 //! stores, membership set by the test.
 
+#[path = "cluster/by_slice.rs"]
+mod by_slice;
+
 use bytes::Bytes;
 use futures::StreamExt;
 use std::collections::BTreeSet;
