@@ -129,9 +129,12 @@ pub(crate) fn start(
         let mut probed: Option<(BTreeSet<Address>, tokio::time::Instant)> = None;
         // Logs that need care, and since when.
         let mut needing_care: HashMap<String, tokio::time::Instant> = HashMap::new();
-        // Logs whose tail here stays above the acknowledged mark: since when, and the
-        // (mark, last entry) it stays at.
-        let mut stuck_tails: HashMap<String, (tokio::time::Instant, (u64, u64))> = HashMap::new();
+        // Logs whose tail here stays above the acknowledged mark: since when, the (mark,
+        // last entry) it stays at, and whether a recovery was started for it already (one
+        // that left it so — a replica the log's writers no longer count, say — is not
+        // started again until the tail changes: it would only fence the log's writer).
+        let mut stuck_tails: HashMap<String, (tokio::time::Instant, (u64, u64), bool)> =
+            HashMap::new();
         loop {
             tokio::time::sleep(settings.scan_interval).await;
             let snapshot = membership.borrow_and_update().clone();
@@ -205,12 +208,12 @@ pub(crate) fn start(
                 // being written moves.
                 let stuck = match unsettled.get(&log) {
                     Some(&tail) => match stuck_tails.get(&log) {
-                        Some((since, seen)) if *seen == tail => {
-                            now.duration_since(*since) >= settings.takeover_grace
+                        Some((since, seen, tried)) if *seen == tail => {
+                            !tried && now.duration_since(*since) >= settings.takeover_grace
                         }
                         _ => {
                             if stuck_tails.len() < NEEDING_CARE_CAPACITY {
-                                stuck_tails.insert(log.clone(), (now, tail));
+                                stuck_tails.insert(log.clone(), (now, tail, false));
                             }
                             false
                         }
@@ -222,7 +225,9 @@ pub(crate) fn start(
                 };
                 if stuck && takes_care(&config.config, &members, &local) {
                     started += 1;
-                    stuck_tails.remove(&log);
+                    if let Some(entry) = stuck_tails.get_mut(&log) {
+                        entry.2 = true;
+                    }
                     needing_care.remove(&log);
                     let _ = writers.send(Command::Maintain {
                         persistence_id: log,

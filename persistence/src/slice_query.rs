@@ -147,14 +147,11 @@ impl Query {
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let started = std::time::Instant::now();
         loop {
+            // Answers first: after a wait on a slow consumer, the reads answered meanwhile
+            // are taken before the tick expires them.
             tokio::select! {
+                biased;
                 _ = self.items.closed() => return,
-                _ = poll.tick() => {
-                    self.refresh_members();
-                    self.ask_members();
-                    self.reader.tick(std::time::Instant::now());
-                    self.send_reads();
-                }
                 Some(answer) = self.calls.next(), if !self.calls.is_empty() => {
                     match answer {
                         Answer::Feed(address, reply) => self.on_feed(address, reply),
@@ -174,6 +171,12 @@ impl Query {
                         }
                     }
                     self.ask_members();
+                }
+                _ = poll.tick() => {
+                    self.refresh_members();
+                    self.ask_members();
+                    self.reader.tick(std::time::Instant::now());
+                    self.send_reads();
                 }
             }
             if !self.deliver().await {

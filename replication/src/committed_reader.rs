@@ -121,6 +121,9 @@ struct Reported {
     last: u64,
     /// Its entries up to here are deleted.
     base: u64,
+    /// A read from it failed: it is passed over until then while another can serve (its
+    /// report stays; a fresh one clears this).
+    failed_until: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -142,7 +145,7 @@ impl Followed {
     /// The source to read from and how far: of those that still hold the next entry, the
     /// one that reported the highest mark (or, sabotaged, the longest log); if every source
     /// deleted it, the one that deleted least (its answer passes the deleted entries).
-    fn best_source(&self, sabotage: ReaderSabotage) -> Option<(&Address, u64)> {
+    fn best_source(&self, sabotage: ReaderSabotage, now: Instant) -> Option<(&Address, u64)> {
         let reach = |r: &Reported| {
             if sabotage.serve_unacknowledged {
                 r.last.max(r.committed)
@@ -150,27 +153,42 @@ impl Followed {
                 r.committed
             }
         };
+        let up = |r: &Reported| r.failed_until.is_none_or(|until| until <= now);
         let holding = self
             .sources
             .iter()
-            .filter(|(_, r)| r.base <= self.delivered)
+            .filter(|(_, r)| up(r) && r.base <= self.delivered)
             .map(|(a, r)| (a, reach(r)))
             .max_by_key(|(_, to)| *to)
             .filter(|(_, to)| *to > self.delivered);
         holding.or_else(|| {
             self.sources
                 .iter()
-                .filter(|(_, r)| reach(r) > self.delivered)
+                .filter(|(_, r)| up(r) && reach(r) > self.delivered)
                 .min_by_key(|(_, r)| r.base)
                 .map(|(a, r)| (a, reach(r)))
         })
     }
 
-    /// Whether a source other than `except` still holds the next entry, acknowledged.
-    fn another_holds_next(&self, except: &Address) -> bool {
-        self.sources
-            .iter()
-            .any(|(a, r)| a != except && r.base <= self.delivered && r.committed > self.delivered)
+    /// A read from `source` failed: the log is read again after `retry`, from another
+    /// source if one can serve; `source` is passed over for four times as long. Its report
+    /// stays, so that what it said it holds still counts as not yet delivered.
+    fn failed(&mut self, source: &Address, now: Instant, retry: Duration) {
+        self.not_before = Some(now + retry);
+        if let Some(reported) = self.sources.get_mut(source) {
+            reported.failed_until = Some(now + retry * 4);
+        }
+    }
+
+    /// Whether a source other than `except`, not failing, still holds the next entry,
+    /// acknowledged.
+    fn another_holds_next(&self, except: &Address, now: Instant) -> bool {
+        self.sources.iter().any(|(a, r)| {
+            a != except
+                && r.failed_until.is_none_or(|until| until <= now)
+                && r.base <= self.delivered
+                && r.committed > self.delivered
+        })
     }
 }
 
@@ -249,8 +267,7 @@ impl<P: Clone> CommittedReader<P> {
     /// the start if it was not.
     pub fn reported(&mut self, log: &str, source: &Address, summary: Reach) {
         let followed = self.logs.entry(log.to_string()).or_default();
-        if followed.sources.is_empty()
-            && followed.tail_target.is_none()
+        if followed.tail_target.is_none()
             && summary.last > summary.committed
             && summary.last > followed.delivered
         {
@@ -269,6 +286,7 @@ impl<P: Clone> CommittedReader<P> {
                 committed: summary.committed,
                 last: summary.last,
                 base: summary.base,
+                failed_until: None,
             },
         );
     }
@@ -312,7 +330,7 @@ impl<P: Clone> CommittedReader<P> {
             if followed.reading.is_some() || followed.not_before.is_some_and(|t| t > now) {
                 continue;
             }
-            let Some((source, to)) = followed.best_source(self.sabotage) else {
+            let Some((source, to)) = followed.best_source(self.sabotage, now) else {
                 continue;
             };
             let source = source.clone();
@@ -355,9 +373,9 @@ impl<P: Clone> CommittedReader<P> {
         }
         followed.reading = None;
         let Response::Entries { entries, summary } = response else {
-            // Not an answer to a read: try again later, perhaps elsewhere.
-            followed.sources.remove(&out.to);
-            followed.not_before = Some(now + self.settings.retry_interval);
+            // Not an answer to a read: try again later, elsewhere first.
+            let retry = self.settings.retry_interval;
+            followed.failed(&out.to, now, retry);
             return;
         };
         let mark = if self.sabotage.serve_unacknowledged {
@@ -372,9 +390,10 @@ impl<P: Clone> CommittedReader<P> {
                 committed: summary.committed(),
                 last: summary.last.seq,
                 base: summary.base.seq,
+                failed_until: None,
             },
         );
-        if summary.base.seq > followed.delivered && followed.another_holds_next(&out.to) {
+        if summary.base.seq > followed.delivered && followed.another_holds_next(&out.to, now) {
             // Deleted here but not everywhere: read it where it still is.
             return;
         }
@@ -410,9 +429,7 @@ impl<P: Clone> CommittedReader<P> {
             && followed.reading == Some(id)
         {
             followed.reading = None;
-            followed.not_before = Some(now + self.settings.retry_interval);
-            // Another source is tried first; this one again once it reports again.
-            followed.sources.remove(&out.to);
+            followed.failed(&out.to, now, self.settings.retry_interval);
         }
     }
 
@@ -599,5 +616,14 @@ mod tests {
         reader.pump(now + retry);
         let read = reader.take_requests().remove(0);
         assert_eq!(read.to, b);
+        // Both failed: what they reported still counts, and each is asked again once its
+        // own wait is over — nothing is given up.
+        reader.on_failure(read.id, now + retry);
+        assert_eq!(reader.behind(), 5);
+        reader.pump(now + retry * 2);
+        assert!(reader.take_requests().is_empty());
+        reader.pump(now + retry * 4);
+        let read = reader.take_requests().remove(0);
+        assert_eq!(read.to, a);
     }
 }

@@ -316,7 +316,18 @@ impl Simulation {
                             "the reader delivered value {value} at seq {}, beyond the final log",
                             d.seq
                         )),
-                        None => {}
+                        None => {
+                            // Deleted before any replay saw it: it must be the value written
+                            // at that seq.
+                            if self.writes.get(&value).map(|w| w.seq) != Some(d.seq) {
+                                found.push(format!(
+                                    "the reader delivered value {value} at seq {}, which was \
+                                     written at {:?}",
+                                    d.seq,
+                                    self.writes.get(&value).map(|w| w.seq)
+                                ));
+                            }
+                        }
                     }
                     covered.insert(d.seq, ());
                 }
