@@ -30,4 +30,4 @@ pub mod typed_host;
 pub mod wire;
 
 pub use entity_ref::{AskError, EntityRef};
-pub use shard_id::{ShardId, shard_of};
+pub use shard_id::{ShardId, ShardIds, ShardMap, shard_of};

@@ -14,7 +14,7 @@ use crate::messages::{BetweenRegions, HandoffId, ToCoordinator, ToRegion};
 use crate::region::{Origin, RegionOutput, RegionView, ShardRegion};
 use crate::remember::RememberStore;
 use crate::settings::ShardingSettings;
-use crate::shard_id::{ShardId, shard_of};
+use crate::shard_id::{ShardId, ShardMap};
 use crate::store::{CoordinatorStore, StoreError};
 use crate::wire::{self, RegionSnapshot, RemoteAsk, ShardingFrame, WireError};
 use bytes::Bytes;
@@ -322,7 +322,7 @@ struct RegionHandle {
 struct DirectPath {
     type_name: String,
     host: Option<Arc<dyn ShardHost>>,
-    number_of_shards: u32,
+    shards: ShardMap,
     /// The type's message version, sent with every forwarded command.
     message_version: u32,
     routes: std::sync::RwLock<HashMap<ShardId, DirectRoute>>,
@@ -565,7 +565,7 @@ impl<T: Transport> Sharding<T> {
             let direct = Arc::new(DirectPath {
                 type_name: sharded.type_name.clone(),
                 host: sharded.host.clone(),
-                number_of_shards: sharded.settings.number_of_shards,
+                shards: sharded.settings.shard_map(),
                 message_version: sharded.message_version,
                 routes: std::sync::RwLock::new(HashMap::new()),
                 queued_asks: AtomicU64::new(0),
@@ -580,7 +580,7 @@ impl<T: Transport> Sharding<T> {
                 region: ShardRegion::new(sharded.settings.clone(), self_id, hosts),
                 host: sharded.host,
                 direct: direct.clone(),
-                number_of_shards: sharded.settings.number_of_shards,
+                shards: sharded.settings.shard_map(),
                 handoff_timeout: sharded.settings.handoff_timeout,
                 ask_timeout: settings.ask_timeout,
                 transport: transport.clone(),
@@ -967,7 +967,7 @@ impl RegionRef {
             // The region task answers with the reason.
             return Direct::NotTaken(command);
         };
-        let shard = shard_of(&id, direct.number_of_shards);
+        let shard = direct.shards.shard_of(&id);
         let Some(routes) = direct.read() else {
             return Direct::NotTaken(command);
         };
@@ -1254,7 +1254,7 @@ impl Router {
             return Err(ask);
         };
         // A shard that is not this entity's here is the region task's to refuse.
-        let ours = EntityId::new(&ask.entity_id).map(|id| shard_of(&id, direct.number_of_shards));
+        let ours = EntityId::new(&ask.entity_id).map(|id| direct.shards.shard_of(&id));
         if ours.ok() != Some(shard) {
             return Err(ask);
         }
@@ -1378,7 +1378,7 @@ struct RegionTask<T: Transport> {
     region: ShardRegion<Pending>,
     host: Option<Arc<dyn ShardHost>>,
     direct: Arc<DirectPath>,
-    number_of_shards: u32,
+    shards: ShardMap,
     handoff_timeout: Duration,
     ask_timeout: Duration,
     transport: Arc<T>,
@@ -1649,7 +1649,7 @@ impl<T: Transport> RegionTask<T> {
                         return;
                     }
                 };
-                let shard = shard_of(&id, self.number_of_shards);
+                let shard = self.shards.shard_of(&id);
                 let pending = Pending {
                     entity_id,
                     payload,
@@ -1667,7 +1667,7 @@ impl<T: Transport> RegionTask<T> {
                 // The sender's shard for this entity must be ours: nodes configured with
                 // different `number_of_shards` would run one entity under two shards.
                 let ours = EntityId::new(&ask.entity_id)
-                    .map(|id| shard_of(&id, self.number_of_shards))
+                    .map(|id| self.shards.shard_of(&id))
                     .ok();
                 if ours != Some(shard) {
                     let failure = AskFailure::new(
@@ -1679,7 +1679,7 @@ impl<T: Transport> RegionTask<T> {
                             self.type_name,
                             ask.entity_id,
                             ours.map_or_else(|| "none".to_string(), |s| s.to_string()),
-                            self.number_of_shards
+                            self.shards.number_of_shards
                         ),
                     );
                     tracing::warn!(%from, "{}", failure.message);
@@ -1834,7 +1834,7 @@ impl<T: Transport> RegionTask<T> {
         let Ok(entity) = EntityId::new(&id) else {
             return;
         };
-        let shard = shard_of(&entity, self.number_of_shards);
+        let shard = self.shards.shard_of(&entity);
         // Every start is written, those of remembered entities too: the write puts back an
         // id a late stop of the shard's former home (or of its own earlier incarnation here)
         // took out after the read.
@@ -2044,14 +2044,14 @@ impl<T: Transport> RegionTask<T> {
     fn snapshot(&self) -> BoxFuture<'static, RegionSnapshot> {
         let shards: BTreeSet<ShardId> = self.region.local_shards().copied().collect();
         let host = self.host.clone();
-        let number_of_shards = self.number_of_shards;
+        let map = self.shards;
         async move {
             let mut by_shard: BTreeMap<ShardId, Vec<String>> =
                 shards.iter().map(|s| (*s, Vec::new())).collect();
             if let Some(host) = host {
                 for id in host.live_entity_ids().await {
                     if let Ok(entity) = EntityId::new(&id)
-                        && let Some(ids) = by_shard.get_mut(&shard_of(&entity, number_of_shards))
+                        && let Some(ids) = by_shard.get_mut(&map.shard_of(&entity))
                     {
                         ids.push(id);
                     }
@@ -2250,7 +2250,7 @@ impl<T: Transport> RegionTask<T> {
             });
             return;
         };
-        let number_of_shards = self.number_of_shards;
+        let shards = self.shards;
         let timeout = self.handoff_timeout;
         let type_name = self.type_name.clone();
         tokio::spawn(async move {
@@ -2258,9 +2258,7 @@ impl<T: Transport> RegionTask<T> {
                 .live_entity_ids()
                 .await
                 .into_iter()
-                .filter(|id| {
-                    EntityId::new(id).is_ok_and(|e| shard_of(&e, number_of_shards) == shard)
-                })
+                .filter(|id| EntityId::new(id).is_ok_and(|e| shards.shard_of(&e) == shard))
                 .collect();
             let stopped = host.stop_entities(live);
             tokio::pin!(stopped);
@@ -2533,7 +2531,10 @@ mod tests {
         let direct = Arc::new(DirectPath {
             type_name: "account".into(),
             host: None,
-            number_of_shards: 10,
+            shards: ShardMap {
+                number_of_shards: 10,
+                ids: crate::shard_id::ShardIds::Hashed,
+            },
             message_version: 1,
             routes: std::sync::RwLock::new(HashMap::new()),
             queued_asks: AtomicU64::new(0),

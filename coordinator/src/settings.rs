@@ -1,5 +1,6 @@
 //! Sharding settings, with Akka's names and defaults unless noted.
 
+use crate::shard_id::{ShardIds, ShardMap};
 use std::time::Duration;
 
 /// A setting out of its range; the message names it, its value and what is allowed.
@@ -16,6 +17,8 @@ pub struct InvalidSetting {
 pub struct ShardingSettings {
     /// Shards of the type, fixed for the cluster's life (entity → shard depends on it).
     pub number_of_shards: u32,
+    /// How entity ids map to shards (by hash unless the ids are instance numbers).
+    pub shard_ids: ShardIds,
     /// How often the coordinator considers a rebalance round.
     pub rebalance_interval: Duration,
     /// At most this many shards move per rebalance round.
@@ -45,6 +48,7 @@ impl Default for ShardingSettings {
     fn default() -> Self {
         ShardingSettings {
             number_of_shards: 1000,
+            shard_ids: ShardIds::Hashed,
             rebalance_interval: Duration::from_secs(10),
             rebalance_absolute_limit: 20,
             rebalance_relative_limit: 0.1,
@@ -59,6 +63,14 @@ impl Default for ShardingSettings {
 }
 
 impl ShardingSettings {
+    /// The type's mapping from entity ids to shards.
+    pub fn shard_map(&self) -> ShardMap {
+        ShardMap {
+            number_of_shards: self.number_of_shards,
+            ids: self.shard_ids,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), InvalidSetting> {
         let bad = |name, value: String, expected| {
             Err(InvalidSetting {

@@ -215,6 +215,7 @@ fn node_id(index: usize) -> UniqueAddress {
 pub fn run(config: SimConfig, seed: u64) -> SimOutcome {
     let settings = ShardingSettings {
         number_of_shards: config.number_of_shards,
+        shard_ids: crate::shard_id::ShardIds::Hashed,
         rebalance_interval: Duration::from_millis(1_000),
         rebalance_absolute_limit: 3,
         rebalance_relative_limit: 0.5,

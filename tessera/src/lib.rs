@@ -43,4 +43,5 @@ pub use entity_settings::EntitySettings;
 pub use node::{Node, NodeBuilder, NodeHandle};
 pub use tessera_coordinator::host::{AskFailure, AskOutcome, FailureKind};
 pub use tessera_coordinator::{AskError, EntityRef};
+pub use tessera_daemon::{DaemonContext, DaemonSettings};
 pub use tessera_entities::{CodecError, Effect, EntityType, Manifest, Persist};

@@ -3,6 +3,7 @@
 
 use super::NodeError;
 use super::control::NodeControl;
+use super::daemons::DaemonRegistration;
 use super::queries::ShardedQueries;
 use super::registration::{Listener, LocalHost, Registration, TypedRegistration};
 use super::running::{Node, NodeHandle, NodeParts};
@@ -26,6 +27,8 @@ use tessera_coordinator::runtime::{
     ENTITY_NOTE_QUEUE_CAPACITY, RememberEntitiesSetup, RuntimeSettings, ShardedType, Sharding,
 };
 use tessera_coordinator::store::{CoordinatorStoreFactory, DdataStoreFactory, JournalStoreFactory};
+use tessera_coordinator::{ShardIds, settings::ShardingSettings};
+use tessera_daemon::{DaemonContext, DaemonCount, DaemonHost, DaemonSettings, KeepAlivePinger};
 use tessera_entities::{EntityLifecycle, EntityType};
 use tessera_journal::FsyncPolicy;
 use tessera_persistence::{Persistence, RocksReplicaStore};
@@ -56,6 +59,7 @@ type RoutesFn = Box<dyn FnOnce(NodeHandle) -> axum::Router + Send>;
 #[must_use = "a builder does nothing until it is started"]
 pub struct NodeBuilder {
     types: Vec<Box<dyn Registration>>,
+    daemons: Vec<DaemonRegistration>,
     routes: Vec<RoutesFn>,
     fsync: FsyncPolicy,
 }
@@ -71,6 +75,7 @@ impl NodeBuilder {
     pub fn new() -> Self {
         NodeBuilder {
             types: Vec::new(),
+            daemons: Vec::new(),
             routes: Vec::new(),
             fsync: FsyncPolicy::Always,
         }
@@ -90,6 +95,55 @@ impl NodeBuilder {
             entity: Some(entity),
             settings,
         }));
+        self
+    }
+
+    /// Registers a sharded daemon process (Akka's `ShardedDaemonProcess`): `count`
+    /// instances of `task`, numbered `0..count`, each kept running on one node of the
+    /// cluster — started on some node, started elsewhere when that node is removed, moved by
+    /// rebalancing when nodes join. The task gets its [`DaemonContext`] (its number, the
+    /// count, a stop signal it must heed) and the node; one that returns is started again.
+    /// The count can change at runtime ([`NodeHandle::set_daemon_count`]).
+    ///
+    /// ```no_run
+    /// # use tessera::{DaemonContext, NodeBuilder, NodeHandle};
+    /// let builder = NodeBuilder::new().daemon("reindexer", 4, |context: DaemonContext, _node: NodeHandle| async move {
+    ///     while !context.is_stopping() {
+    ///         // ... a share of the work: context.index() of context.count() ...
+    ///         tokio::select! {
+    ///             () = context.stopped() => {}
+    ///             () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+    ///         }
+    ///     }
+    /// });
+    /// ```
+    pub fn daemon<F, Fut>(self, name: &str, count: u32, task: F) -> Self
+    where
+        F: Fn(DaemonContext, NodeHandle) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.daemon_with(name, count, DaemonSettings::default(), task)
+    }
+
+    /// [`NodeBuilder::daemon`] with its keep-alive interval, stop timeout and role.
+    pub fn daemon_with<F, Fut>(
+        mut self,
+        name: &str,
+        count: u32,
+        settings: DaemonSettings,
+        task: F,
+    ) -> Self
+    where
+        F: Fn(DaemonContext, NodeHandle) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        use futures::FutureExt;
+        self.daemons.push(DaemonRegistration {
+            name: name.to_string(),
+            count,
+            settings,
+            task: Arc::new(move |context, node| task(context, node).boxed()),
+        });
         self
     }
 
@@ -133,6 +187,20 @@ impl NodeBuilder {
             }
         }
         config.check_entity_sections(self.type_names())?;
+        let mut daemon_names = BTreeMap::new();
+        for daemon in &self.daemons {
+            daemon.settings.validate(&daemon.name, daemon.count)?;
+            let type_name = tessera_daemon::type_name_of(&daemon.name);
+            if let Some(other) = sections
+                .insert(section_name(&type_name), "a daemon")
+                .or_else(|| daemon_names.insert(daemon.name.clone(), "a daemon"))
+            {
+                return Err(NodeError::DuplicateDaemon {
+                    name: daemon.name.clone(),
+                    other: other.to_string(),
+                });
+            }
+        }
         self.types
             .iter()
             .map(|registration| {
@@ -176,12 +244,13 @@ impl NodeBuilder {
             .map(|s| s.entity_ask_timeout)
             .min()
             .unwrap_or(config.entity_ask_timeout);
-        let replicator = tessera_ddata::node::start(
-            transport.clone(),
-            cluster.watch(),
-            replicator_settings(config, remembering),
-        )
-        .await?;
+        let mut ddata_settings = replicator_settings(config, remembering);
+        if !self.daemons.is_empty() {
+            let pattern = tessera_daemon::count::DURABLE_KEY_PATTERN.to_string();
+            ddata_settings.config.durable_keys.push(pattern);
+        }
+        let replicator =
+            tessera_ddata::node::start(transport.clone(), cluster.watch(), ddata_settings).await?;
         let persistence = Arc::new(Persistence::start(
             transport.clone(),
             cluster.watch(),
@@ -250,6 +319,61 @@ impl NodeBuilder {
                 message_version: registration.message_version(),
             });
         }
+        // The node's handle reaches the daemons' tasks once it exists.
+        let (handle_ready, handle_rx) = watch::channel(None);
+        let node_defaults = ResolvedEntitySettings::resolve(&EntitySettings::default(), config);
+        let mut daemons = Vec::with_capacity(self.daemons.len());
+        for daemon in &self.daemons {
+            let type_name = tessera_daemon::type_name_of(&daemon.name);
+            let count = DaemonCount::start(replicator.clone(), &daemon.name, daemon.count)
+                .await
+                .map_err(|source| NodeError::DaemonCount {
+                    name: daemon.name.clone(),
+                    source,
+                })?;
+            let runs_here = daemon
+                .settings
+                .role
+                .as_ref()
+                .is_none_or(|role| config.roles.contains(role));
+            let host = runs_here.then(|| {
+                DaemonHost::start(
+                    &daemon.name,
+                    daemon.behavior(handle_rx.clone()),
+                    count.watch(),
+                    daemon.settings.clone(),
+                )
+            });
+            let store: Box<dyn CoordinatorStoreFactory> = match node_defaults.state_store_mode {
+                StateStoreMode::Ddata => Box::new(DdataStoreFactory(replicator.clone())),
+                StateStoreMode::Persistence => Box::new(JournalStoreFactory {
+                    journal: persistence.journal.clone(),
+                    snapshots: persistence.snapshots.clone(),
+                }),
+            };
+            types.push(ShardedType {
+                type_name: type_name.clone(),
+                host: host
+                    .clone()
+                    .map(|host| Arc::new(host) as Arc<dyn ShardHost>),
+                settings: ShardingSettings {
+                    number_of_shards: tessera_daemon::settings::MAX_COUNT,
+                    shard_ids: ShardIds::Numbered,
+                    ..sharding_settings(&node_defaults)
+                },
+                role: daemon.settings.role.clone(),
+                store: store.store(&type_name, false),
+                remember: None,
+                message_version: tessera_daemon::host::MESSAGE_VERSION,
+            });
+            daemons.push(RunningDaemon {
+                name: daemon.name.clone(),
+                type_name,
+                count,
+                host,
+                keep_alive_interval: daemon.settings.keep_alive_interval,
+            });
+        }
         let ask_timeout = resolved
             .iter()
             .map(|s| s.entity_ask_timeout)
@@ -276,12 +400,33 @@ impl NodeBuilder {
             })
             .collect();
         let json = Arc::new(JsonEntities::new(faces));
+        let daemon_counts = daemons
+            .iter()
+            .map(|daemon| (daemon.name.clone(), daemon.count.clone()))
+            .collect();
         let handle = NodeHandle::new(
             sharding.clone(),
             cluster.clone(),
             transport.local().address.clone(),
             http_address,
+            daemon_counts,
         );
+        let _ = handle_ready.send(Some(handle.clone()));
+        let pingers = daemons
+            .iter()
+            .filter_map(|daemon| {
+                let region = sharding.region(&daemon.type_name)?;
+                Some(KeepAlivePinger::start(
+                    region,
+                    daemon.count.watch(),
+                    daemon.keep_alive_interval,
+                ))
+            })
+            .collect();
+        let daemon_hosts = daemons
+            .into_iter()
+            .filter_map(|daemon| daemon.host)
+            .collect();
         let hosts: Arc<[(String, Arc<dyn LocalHost>)]> = hosts.into();
         let http_server = http::HttpServer::new(http_settings(config));
         let control = Arc::new(NodeControl {
@@ -351,6 +496,8 @@ impl NodeBuilder {
             replicator,
             joining_via,
             hosts,
+            daemon_hosts,
+            pingers,
             persistence,
             sharding,
             singletons,
@@ -390,6 +537,15 @@ impl NodeBuilder {
         );
         node.run_until_stopped().await
     }
+}
+
+/// A daemon as the start builds it.
+struct RunningDaemon {
+    name: String,
+    type_name: String,
+    count: DaemonCount,
+    host: Option<DaemonHost>,
+    keep_alive_interval: Duration,
 }
 
 /// The entity host's lifecycle listener for remember-entities: starts and passivations, into a

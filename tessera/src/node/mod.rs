@@ -11,13 +11,14 @@
 
 pub mod builder;
 mod control;
+mod daemons;
 mod queries;
 mod registration;
 pub mod running;
 pub mod settings;
 
 pub use builder::{HTTP_LISTEN_BACKLOG, NodeBuilder};
-pub use running::{Node, NodeHandle};
+pub use running::{DaemonError, Node, NodeHandle};
 pub use settings::KNOWN_STORES_FILE;
 
 use std::time::Duration;
@@ -64,6 +65,18 @@ pub enum NodeError {
          sections would be one)"
     )]
     DuplicateType { first: String, second: String },
+    #[error("{0}")]
+    Daemon(#[from] tessera_daemon::InvalidDaemon),
+    #[error(
+        "daemon {name:?} is registered twice, or its sharded type daemon.{name} clashes with \
+         {other}"
+    )]
+    DuplicateDaemon { name: String, other: String },
+    #[error("daemon {name}: cannot follow its count in distributed data: {source}")]
+    DaemonCount {
+        name: String,
+        source: tessera_ddata::node::ReplicatorError,
+    },
     #[error("cluster transport: {0}")]
     Transport(#[from] TransportError),
     #[error("cluster: {0}")]

@@ -7,8 +7,10 @@ use super::{
     LEAVE_TIMEOUT,
 };
 use crate::bootstrap::{BootstrapError, JoiningVia};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tessera_cluster::Address;
 use tessera_cluster::core::StopReason;
 use tessera_cluster::node::ClusterHandle;
@@ -16,6 +18,7 @@ use tessera_cluster::singleton::Singletons;
 use tessera_cluster::transport::{TcpTransport, Transport};
 use tessera_coordinator::EntityRef;
 use tessera_coordinator::runtime::Sharding;
+use tessera_daemon::{DaemonCount, DaemonHost, KeepAlivePinger};
 use tessera_ddata::node::ReplicatorHandle;
 use tessera_entities::{EntityHost, EntityType};
 use tessera_journal::RocksJournal;
@@ -32,6 +35,7 @@ pub struct NodeHandle {
 
 struct HandleInner {
     sharding: Arc<Sharding<TcpTransport>>,
+    daemons: BTreeMap<String, DaemonCount>,
     cluster: ClusterHandle,
     cluster_address: Address,
     http_address: SocketAddr,
@@ -43,10 +47,12 @@ impl NodeHandle {
         cluster: ClusterHandle,
         cluster_address: Address,
         http_address: SocketAddr,
+        daemons: BTreeMap<String, DaemonCount>,
     ) -> Self {
         NodeHandle {
             inner: Arc::new(HandleInner {
                 sharding,
+                daemons,
                 cluster,
                 cluster_address,
                 http_address,
@@ -92,10 +98,47 @@ impl NodeHandle {
         self.inner.http_address
     }
 
+    /// The number of instances of daemon `name` as this node knows it now.
+    pub fn daemon_count(&self, name: &str) -> Result<u32, DaemonError> {
+        Ok(self.daemon(name)?.current())
+    }
+
+    /// Changes the number of instances of daemon `name` (written to a majority of the
+    /// members): every node restarts its instances with the new count as it learns it, and
+    /// stops those whose number is no longer below it.
+    pub async fn set_daemon_count(&self, name: &str, count: u32) -> Result<(), DaemonError> {
+        self.daemon(name)?
+            .set(count, DAEMON_COUNT_WRITE_TIMEOUT)
+            .await
+            .map_err(DaemonError::from)
+    }
+
+    fn daemon(&self, name: &str) -> Result<&DaemonCount, DaemonError> {
+        self.inner
+            .daemons
+            .get(name)
+            .ok_or_else(|| DaemonError::Unknown {
+                name: name.to_string(),
+                known: self.inner.daemons.keys().cloned().collect(),
+            })
+    }
+
     /// The cluster membership as this node sees it now.
     pub fn cluster(&self) -> &ClusterHandle {
         &self.inner.cluster
     }
+}
+
+/// How long a new daemon count may take to reach a majority.
+pub const DAEMON_COUNT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a daemon's count was not read or changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DaemonError {
+    #[error("no daemon {name:?} is registered on this node (daemons: {known:?})")]
+    Unknown { name: String, known: Vec<String> },
+    #[error(transparent)]
+    Count(#[from] tessera_daemon::SetCountError),
 }
 
 /// What the builder hands the running node.
@@ -106,6 +149,8 @@ pub(super) struct NodeParts {
     pub replicator: ReplicatorHandle,
     pub joining_via: JoiningVia,
     pub hosts: Arc<[(String, Arc<dyn LocalHost>)]>,
+    pub daemon_hosts: Vec<DaemonHost>,
+    pub pingers: Vec<KeepAlivePinger>,
     pub persistence: Arc<Persistence>,
     pub sharding: Arc<Sharding<TcpTransport>>,
     pub singletons: Singletons<TcpTransport>,
@@ -133,6 +178,8 @@ pub struct Node {
     /// Cluster sharding of the entity types.
     pub sharding: Arc<Sharding<TcpTransport>>,
     hosts: Arc<[(String, Arc<dyn LocalHost>)]>,
+    daemon_hosts: Vec<DaemonHost>,
+    pingers: std::sync::Mutex<Vec<KeepAlivePinger>>,
     singletons: Singletons<TcpTransport>,
     journal: Arc<RocksJournal>,
     http_shutdown: watch::Sender<bool>,
@@ -151,6 +198,8 @@ impl Node {
             persistence: parts.persistence,
             sharding: parts.sharding,
             hosts: parts.hosts,
+            daemon_hosts: parts.daemon_hosts,
+            pingers: std::sync::Mutex::new(parts.pingers),
             singletons: parts.singletons,
             journal: parts.journal,
             http_shutdown: parts.http_shutdown,
@@ -177,6 +226,15 @@ impl Node {
     /// Where the HTTP API listens (the real port when 0 was configured).
     pub fn http_address(&self) -> SocketAddr {
         self.handle.http_address()
+    }
+
+    /// The instances of daemon `name` running on this node now (stopping ones included).
+    pub fn daemon_instances(&self, name: &str) -> Vec<u32> {
+        self.daemon_hosts
+            .iter()
+            .find(|host| host.name() == name)
+            .map(DaemonHost::running)
+            .unwrap_or_default()
     }
 
     /// This node's host of `E`'s entities, asked without sharding (benchmarks and tests);
@@ -280,6 +338,19 @@ impl Node {
     /// Lets the entities finish what they accepted (their writes need the replicas, so this
     /// runs while the transport and the membership are still up).
     async fn stop_entities(&self) {
+        // No keep-alive starts a daemon instance again; the instances stop first, since
+        // their tasks may still ask entities.
+        self.pingers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
+        let daemons = futures::future::join_all(self.daemon_hosts.iter().map(DaemonHost::shutdown));
+        if tokio::time::timeout(ENTITY_SHUTDOWN_TIMEOUT, daemons)
+            .await
+            .is_err()
+        {
+            tracing::warn!(timeout = ?ENTITY_SHUTDOWN_TIMEOUT, "daemon instances did not stop in time");
+        }
         let all = futures::future::join_all(self.hosts.iter().map(|(_, host)| host.shutdown()));
         if tokio::time::timeout(ENTITY_SHUTDOWN_TIMEOUT, all)
             .await
