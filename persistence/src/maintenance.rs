@@ -11,8 +11,12 @@
 //! `L / page_size` rounds plus the time their changes take.
 //!
 //! A log also needs care when its replica here holds entries above its acknowledged mark,
-//! unchanged, for that long: its last writer died before telling the mark, and a recovery settles the tail
-//! (so that the queries by slice, which read only acknowledged entries, see them).
+//! unchanged, for `stuck_tail_grace`: a live writer tells its replicas the mark within its
+//! `mark_delay` and keeps telling it until they know, so its last writer died before telling
+//! the mark (or cannot reach this replica), and a recovery settles the tail (so that the
+//! queries by slice, which read only acknowledged entries, see them). The grace is far
+//! shorter than `takeover_grace`: a projection waits for that tail, and a writer still alive
+//! that this fences loses no data (its next write finds the log taken and recovers it).
 //!
 //! A log that an entity writes on another node is moved by that node's writer, which sees the
 //! membership change itself; taking it over from here would fence that writer and fail the
@@ -49,6 +53,10 @@ pub struct MaintenanceSettings {
     /// How long a log must have needed care before this node takes it over (see the module
     /// documentation); never less than the writers' idle timeout plus `scan_interval`.
     pub takeover_grace: Duration,
+    /// How long a replica's entries above its acknowledged mark must stay unchanged before
+    /// this node recovers the log (see the module documentation); longer than a live
+    /// writer's whole schedule of telling the mark.
+    pub stuck_tail_grace: Duration,
 }
 
 /// The members' stores are probed again after this long at most, whatever the scan's pace
@@ -67,6 +75,7 @@ impl Default for MaintenanceSettings {
             max_concurrent: 32,
             // Raised to the writers' idle timeout plus a scan interval when started.
             takeover_grace: Duration::ZERO,
+            stuck_tail_grace: Duration::from_secs(10),
         }
     }
 }
@@ -209,7 +218,7 @@ pub(crate) fn start(
                 let stuck = match unsettled.get(&log) {
                     Some(&tail) => match stuck_tails.get(&log) {
                         Some((since, seen, tried)) if *seen == tail => {
-                            !tried && now.duration_since(*since) >= settings.takeover_grace
+                            !tried && now.duration_since(*since) >= settings.stuck_tail_grace
                         }
                         _ => {
                             if stuck_tails.len() < NEEDING_CARE_CAPACITY {

@@ -164,6 +164,7 @@ async fn a_tail_left_above_the_mark_is_settled_and_then_delivered() {
 
     let mut settings = settings();
     settings.writers.writer_idle_timeout = Duration::from_millis(300);
+    settings.maintenance.stuck_tail_grace = Duration::from_millis(500);
     let (_network, nodes) = cluster_on(3, settings, false).await;
     let pid = "acct|left";
     nodes[0]

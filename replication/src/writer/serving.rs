@@ -75,7 +75,19 @@ pub(crate) struct Serving<P> {
     /// When the members that hold the log but not yet its acknowledged mark are told it,
     /// should no write carry it before (see [`crate::WriterSettings::mark_delay`]).
     mark_due: Option<Instant>,
+    /// Times the mark was told since the last acknowledgement without every member that
+    /// holds the log learning it (bounded by [`MARK_ATTEMPTS`]).
+    mark_attempts: u32,
 }
+
+/// Times a writer tells its members the acknowledged mark, each after twice the wait
+/// before (from `mark_delay`, at most [`MARK_RETRY_MAX`]), before it leaves the members that
+/// did not learn it to the next write or to a recovery: a member it cannot reach must not
+/// keep the writer busy forever.
+pub const MARK_ATTEMPTS: u32 = 8;
+
+/// The longest wait between two tellings of the mark.
+pub const MARK_RETRY_MAX: Duration = Duration::from_secs(1);
 
 impl<P: Payload> Serving<P> {
     pub fn new(
@@ -106,6 +118,7 @@ impl<P: Payload> Serving<P> {
             probing: None,
             lease_until: None,
             mark_due: None,
+            mark_attempts: 0,
         }
     }
 
@@ -426,6 +439,7 @@ impl<P: Payload> Serving<P> {
             .has_quorum(holding.iter().copied(), |n| quorums.acks(n))
         {
             self.lac = self.lac.max(last_seq);
+            self.mark_attempts = 0;
             self.mark_due
                 .get_or_insert(ctx.now + ctx.settings.mark_delay);
             self.in_flight = None;
@@ -590,7 +604,8 @@ impl<P: Payload> Serving<P> {
     }
 
     /// Once the mark is due and nothing in flight carries it: an empty append to each idle
-    /// member that holds the whole log but does not know how much of it is acknowledged.
+    /// member that holds the whole log but does not know how much of it is acknowledged;
+    /// told again, later each time, while one of them has not learnt it (a lost message).
     fn tell_mark(&mut self, ctx: &mut Ctx<'_, P>) {
         let Some(due) = self.mark_due else {
             return;
@@ -599,6 +614,21 @@ impl<P: Payload> Serving<P> {
             return;
         }
         self.mark_due = None;
+        let behind = self
+            .followers
+            .values()
+            .any(|f| f.committed < self.lac && f.matched >= self.last.seq);
+        if behind && self.mark_attempts < MARK_ATTEMPTS {
+            let wait = ctx
+                .settings
+                .mark_delay
+                .saturating_mul(2u32.saturating_pow(self.mark_attempts + 1))
+                .min(MARK_RETRY_MAX);
+            self.mark_attempts += 1;
+            self.mark_due = Some(ctx.now + wait);
+        } else {
+            self.mark_attempts = 0;
+        }
         let view = LogView {
             epoch: self.epoch,
             lac: self.lac,
