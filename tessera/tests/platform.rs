@@ -5,3 +5,5 @@
 mod cluster;
 #[path = "platform/daemon.rs"]
 mod daemon;
+#[path = "platform/projection.rs"]
+mod projection;

@@ -32,6 +32,7 @@ use tessera_daemon::{DaemonContext, DaemonCount, DaemonHost, DaemonSettings, Kee
 use tessera_entities::{EntityLifecycle, EntityType};
 use tessera_journal::FsyncPolicy;
 use tessera_persistence::{Persistence, RocksReplicaStore};
+use tessera_projection::{ProjectionRun, ProjectionStatuses};
 use tokio::sync::watch;
 
 /// Builds a service's own HTTP routes, given the running node (to ask its entities).
@@ -60,6 +61,7 @@ type RoutesFn = Box<dyn FnOnce(NodeHandle) -> axum::Router + Send>;
 pub struct NodeBuilder {
     types: Vec<Box<dyn Registration>>,
     daemons: Vec<DaemonRegistration>,
+    projections: Vec<Arc<dyn ProjectionRun>>,
     routes: Vec<RoutesFn>,
     fsync: FsyncPolicy,
 }
@@ -76,6 +78,7 @@ impl NodeBuilder {
         NodeBuilder {
             types: Vec::new(),
             daemons: Vec::new(),
+            projections: Vec::new(),
             routes: Vec::new(),
             fsync: FsyncPolicy::Always,
         }
@@ -141,8 +144,33 @@ impl NodeBuilder {
         self.daemons.push(DaemonRegistration {
             name: name.to_string(),
             count,
+            fixed_count: false,
             settings,
             task: Arc::new(move |context, node| task(context, node).boxed()),
+        });
+        self
+    }
+
+    /// Registers a projection ([`Projection`](tessera_projection::Projection)): its
+    /// instances run as a sharded daemon process, `projection.<name>`, each following the
+    /// events of its slices from the offset it saved.
+    pub fn projection(mut self, projection: impl ProjectionRun) -> Self {
+        let projection: Arc<dyn ProjectionRun> = Arc::new(projection);
+        self.projections.push(projection.clone());
+        self.daemons.push(DaemonRegistration {
+            name: tessera_projection::daemon_name_of(projection.name()),
+            count: projection.instances(),
+            fixed_count: true,
+            settings: DaemonSettings::default(),
+            task: Arc::new(move |context, node: NodeHandle| {
+                let node_name = node.cluster().self_node().to_string();
+                projection.run(
+                    context,
+                    node.replicated_journal().clone(),
+                    node.projection_statuses().clone(),
+                    node_name,
+                )
+            }),
         });
         self
     }
@@ -187,6 +215,16 @@ impl NodeBuilder {
             }
         }
         config.check_entity_sections(self.type_names())?;
+        for projection in &self.projections {
+            projection.validate()?;
+            if !self.type_names().contains(&projection.entity_type()) {
+                return Err(NodeError::ProjectionType {
+                    projection: projection.name().to_string(),
+                    entity_type: projection.entity_type().to_string(),
+                    registered: self.type_names().iter().map(|t| t.to_string()).collect(),
+                });
+            }
+        }
         let mut daemon_names = BTreeMap::new();
         for daemon in &self.daemons {
             daemon.settings.validate(&daemon.name, daemon.count)?;
@@ -367,6 +405,7 @@ impl NodeBuilder {
                 message_version: tessera_daemon::host::MESSAGE_VERSION,
             });
             daemons.push(RunningDaemon {
+                fixed_count: daemon.fixed_count,
                 name: daemon.name.clone(),
                 type_name,
                 count,
@@ -402,6 +441,7 @@ impl NodeBuilder {
         let json = Arc::new(JsonEntities::new(faces));
         let daemon_counts = daemons
             .iter()
+            .filter(|daemon| !daemon.fixed_count)
             .map(|daemon| (daemon.name.clone(), daemon.count.clone()))
             .collect();
         let handle = NodeHandle::new(
@@ -410,6 +450,8 @@ impl NodeBuilder {
             transport.local().address.clone(),
             http_address,
             daemon_counts,
+            persistence.journal.clone(),
+            ProjectionStatuses::default(),
         );
         let _ = handle_ready.send(Some(handle.clone()));
         let pingers = daemons
@@ -541,6 +583,7 @@ impl NodeBuilder {
 
 /// A daemon as the start builds it.
 struct RunningDaemon {
+    fixed_count: bool,
     name: String,
     type_name: String,
     count: DaemonCount,

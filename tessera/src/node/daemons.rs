@@ -18,6 +18,9 @@ pub type DaemonTask =
 pub struct DaemonRegistration {
     pub name: String,
     pub count: u32,
+    /// A projection's daemon: its count is fixed (its instances' offsets are per slice
+    /// range), so it is not offered to [`NodeHandle::set_daemon_count`].
+    pub fixed_count: bool,
     pub settings: DaemonSettings,
     pub task: DaemonTask,
 }

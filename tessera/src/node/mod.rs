@@ -77,6 +77,17 @@ pub enum NodeError {
         name: String,
         source: tessera_ddata::node::ReplicatorError,
     },
+    #[error("{0}")]
+    Projection(#[from] tessera_projection::InvalidProjection),
+    #[error(
+        "projection {projection} reads entity type {entity_type}, which this node does not \
+         register (registered: {registered:?})"
+    )]
+    ProjectionType {
+        projection: String,
+        entity_type: String,
+        registered: Vec<String>,
+    },
     #[error("cluster transport: {0}")]
     Transport(#[from] TransportError),
     #[error("cluster: {0}")]

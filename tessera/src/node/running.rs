@@ -23,6 +23,8 @@ use tessera_ddata::node::ReplicatorHandle;
 use tessera_entities::{EntityHost, EntityType};
 use tessera_journal::RocksJournal;
 use tessera_persistence::Persistence;
+use tessera_persistence::ReplicatedJournal;
+use tessera_projection::ProjectionStatuses;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -36,6 +38,8 @@ pub struct NodeHandle {
 struct HandleInner {
     sharding: Arc<Sharding<TcpTransport>>,
     daemons: BTreeMap<String, DaemonCount>,
+    journal: Arc<ReplicatedJournal>,
+    projections: ProjectionStatuses,
     cluster: ClusterHandle,
     cluster_address: Address,
     http_address: SocketAddr,
@@ -48,11 +52,15 @@ impl NodeHandle {
         cluster_address: Address,
         http_address: SocketAddr,
         daemons: BTreeMap<String, DaemonCount>,
+        journal: Arc<ReplicatedJournal>,
+        projections: ProjectionStatuses,
     ) -> Self {
         NodeHandle {
             inner: Arc::new(HandleInner {
                 sharding,
                 daemons,
+                journal,
+                projections,
                 cluster,
                 cluster_address,
                 http_address,
@@ -96,6 +104,17 @@ impl NodeHandle {
     /// Where the HTTP API listens (the real port when 0 was configured).
     pub fn http_address(&self) -> SocketAddr {
         self.inner.http_address
+    }
+
+    /// The cluster's replicated journal, as this node reaches it: for queries of its own
+    /// (events by slice across the cluster, among others).
+    pub fn replicated_journal(&self) -> &Arc<ReplicatedJournal> {
+        &self.inner.journal
+    }
+
+    /// What the projection instances that ran on this node did, and where they are.
+    pub fn projection_statuses(&self) -> &ProjectionStatuses {
+        &self.inner.projections
     }
 
     /// The number of instances of daemon `name` as this node knows it now.

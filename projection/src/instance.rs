@@ -1,0 +1,378 @@
+//! One run of one projection instance: take the offset log over, read the offset, follow
+//! the events of the instance's slices from it, hand them to the handler, save the offset.
+//!
+//! Invariants: within a log the handler sees events in sequence order, and an event of a
+//! log only after every earlier one of that log was handled or skipped (the offset moves by
+//! one per event). The saved offset never passes an event that was neither handled nor
+//! skipped, so a run that ends anywhere resumes with nothing lost; what it handled after the
+//! last save is handled again by the next run (at-least-once).
+
+use crate::envelope::Envelope;
+use crate::handler::{HandlerError, Handling};
+use crate::offset_log::{OffsetLog, offset_log_id};
+use crate::settings::{FailureAction, ProjectionSettings};
+use crate::status::{InstanceStatus, ProjectionStatuses, RunState};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tessera_daemon::DaemonContext;
+use tessera_entities::{Codec, EntityType};
+use tessera_journal::slice::SliceRange;
+use tessera_journal::{Journal, QueryMode, SliceEnvelope, SliceItem, SliceOffset};
+use tessera_persistence::ReplicatedJournal;
+use tokio::time::Instant;
+
+/// What a run needs besides its context.
+pub struct InstanceSetup<E: EntityType> {
+    pub name: Arc<str>,
+    pub entity: Arc<E>,
+    pub handling: Handling<E>,
+    pub settings: ProjectionSettings,
+    pub journal: Arc<ReplicatedJournal>,
+    pub statuses: ProjectionStatuses,
+    /// Names this node in the offset log's writer id.
+    pub node: String,
+}
+
+/// How a run ended.
+enum End {
+    Stopped,
+    Failed(String),
+}
+
+struct Run<E: EntityType> {
+    setup: InstanceSetup<E>,
+    /// The instance's status as it is before its first run.
+    template: InstanceStatus,
+    index: u32,
+    codec: Codec<E>,
+    offset: SliceOffset,
+    log: OffsetLog,
+    unsaved: u32,
+    first_unsaved: Option<Instant>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs instance `context.index()` of `context.count()` until told to stop or until it fails
+/// (a failed run ends; the daemon's next keep-alive starts another).
+pub async fn run<E: EntityType>(setup: InstanceSetup<E>, context: DaemonContext) {
+    let (index, count) = (context.index(), context.count());
+    let Some(range) = SliceRange::split(count)
+        .ok()
+        .and_then(|ranges| ranges.get(index as usize).copied())
+    else {
+        tracing::error!(projection = %setup.name, index, count, "no slice range for this instance");
+        return;
+    };
+    let statuses = setup.statuses.clone();
+    let name = setup.name.clone();
+    let template =
+        InstanceStatus::new(&name, E::TYPE_NAME, index, count, (range.first, range.last));
+    let initial = || template.clone();
+    statuses.update(&name, index, initial, |s| {
+        s.runs += 1;
+        s.state = RunState::Opening;
+        s.instances = count;
+        s.slices = (range.first, range.last);
+    });
+    let persistence_id = offset_log_id(&setup.name, index, count);
+    let writer_id = format!("{}#{}", setup.node, persistence_id);
+    let journal: Arc<dyn Journal> = setup.journal.clone();
+    let opened = tokio::select! {
+        () = context.stopped() => None,
+        opened = OffsetLog::open(journal, persistence_id, writer_id) => Some(opened),
+    };
+    let end = match opened {
+        None => End::Stopped,
+        Some(Err(e)) => End::Failed(e.to_string()),
+        Some(Ok((log, offset))) => {
+            let mut run = Run {
+                setup,
+                template: template.clone(),
+                index,
+                codec: Codec::new(),
+                offset,
+                log,
+                unsaved: 0,
+                first_unsaved: None,
+            };
+            run.note_offset();
+            let end = run.follow(range, &context).await;
+            // What was handled since the last save is saved on the way out (a fenced
+            // writer's save fails, and changes nothing).
+            if let Err(e) = run.save().await {
+                tracing::debug!(projection = %name, index, error = %e, "offset not saved at the end of the run");
+            }
+            end
+        }
+    };
+    statuses.update(&name, index, initial, |s| {
+        s.state = RunState::Stopped;
+        if let End::Failed(reason) = &end {
+            s.last_error = Some(reason.clone());
+        }
+    });
+    if let End::Failed(reason) = end {
+        tracing::warn!(projection = %name, index, %reason, "projection instance failed; it starts again at the next keep-alive");
+    }
+}
+
+impl<E: EntityType> Run<E> {
+    fn status(&self, change: impl FnOnce(&mut InstanceStatus)) {
+        let setup = &self.setup;
+        setup
+            .statuses
+            .update(&setup.name, self.index, || self.template.clone(), change);
+    }
+
+    fn note_offset(&self) {
+        let logs = self.offset.len() as u64;
+        let events = self.offset.iter().map(|(_, seq)| seq).sum();
+        self.status(|s| {
+            s.offset_logs = logs;
+            s.offset_events = events;
+        });
+    }
+
+    async fn follow(&mut self, range: SliceRange, context: &DaemonContext) -> End {
+        let chunk = match &self.setup.handling {
+            Handling::One(_) => self.setup.settings.save_after_envelopes as usize,
+            Handling::Group { max, .. } => *max,
+        };
+        let mut items = self
+            .setup
+            .journal
+            .events_by_slices(E::TYPE_NAME, range, self.offset.clone(), QueryMode::Live)
+            .ready_chunks(chunk.max(1));
+        self.status(|s| s.state = RunState::Running);
+        loop {
+            let save_due = self
+                .first_unsaved
+                .map(|first| first + self.setup.settings.save_interval);
+            let next = tokio::select! {
+                biased;
+                () = context.stopped() => return End::Stopped,
+                () = sleep_until_some(save_due) => {
+                    if let Err(reason) = self.save().await {
+                        return End::Failed(reason);
+                    }
+                    continue;
+                }
+                next = items.next() => next,
+            };
+            let Some(batch) = next else {
+                return End::Failed("the query by slice ended".into());
+            };
+            let mut events = Vec::with_capacity(batch.len());
+            for item in batch {
+                match item {
+                    Err(e) => return End::Failed(format!("the query by slice failed: {e}")),
+                    Ok(SliceItem::Deleted {
+                        persistence_id, to, ..
+                    }) => {
+                        self.offset.advance(&persistence_id, to);
+                    }
+                    // A repeat of what the offset already passed is skipped by
+                    // (persistence id, sequence number).
+                    Ok(SliceItem::Event(envelope))
+                        if envelope.event.sequence_nr
+                            > self.offset.get(&envelope.event.persistence_id) =>
+                    {
+                        events.push(envelope);
+                    }
+                    Ok(SliceItem::Event(_)) => {}
+                }
+            }
+            if let Err(end) = self.handle(events, context).await {
+                return end;
+            }
+            if self.unsaved >= self.setup.settings.save_after_envelopes
+                && let Err(reason) = self.save().await
+            {
+                return End::Failed(reason);
+            }
+        }
+    }
+
+    /// Hands `events` to the handler, in order, moving the offset past each one handled or
+    /// skipped.
+    async fn handle(
+        &mut self,
+        events: Vec<SliceEnvelope>,
+        context: &DaemonContext,
+    ) -> Result<(), End> {
+        match self.setup.handling.clone() {
+            Handling::One(handler) => {
+                for event in events {
+                    let one = std::slice::from_ref(&event);
+                    self.with_retries(one, context, |mut envelopes| {
+                        let envelope = envelopes.pop();
+                        let handler = handler.clone();
+                        async move {
+                            match envelope {
+                                Some(envelope) => handler(envelope).await,
+                                None => Ok(()),
+                            }
+                        }
+                    })
+                    .await?;
+                }
+            }
+            Handling::Group { max, handler } => {
+                for group in events.chunks(max.max(1)) {
+                    self.with_retries(group, context, |envelopes| handler(envelopes))
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `call` with `events` decoded, retrying with backoff; then the events are
+    /// handled, or skipped, or the run stops — each counted.
+    async fn with_retries<F, Fut>(
+        &mut self,
+        events: &[SliceEnvelope],
+        context: &DaemonContext,
+        call: F,
+    ) -> Result<(), End>
+    where
+        F: Fn(Vec<Envelope<E>>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), HandlerError>>,
+    {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let settings = self.setup.settings.clone();
+        let mut attempt = 0;
+        let failure = loop {
+            let error = match self.decode(events) {
+                // An event that does not decode never will: no retry helps.
+                Err(reason) => break reason,
+                Ok(envelopes) => match call(envelopes).await {
+                    Ok(()) => {
+                        let lag = events
+                            .last()
+                            .map(|e| now_ms().saturating_sub(e.event.timestamp_ms));
+                        self.status(|s| {
+                            s.handled += events.len() as u64;
+                            s.lag_ms = lag;
+                            s.state = RunState::Running;
+                        });
+                        self.passed(events);
+                        return Ok(());
+                    }
+                    Err(error) => error.to_string(),
+                },
+            };
+            self.status(|s| {
+                s.handler_errors += 1;
+                s.last_error = Some(error.clone());
+            });
+            attempt += 1;
+            if attempt > settings.retries {
+                break error;
+            }
+            self.status(|s| s.state = RunState::Retrying);
+            tokio::select! {
+                () = context.stopped() => return Err(End::Stopped),
+                () = tokio::time::sleep(settings.backoff(attempt)) => {}
+            }
+        };
+        let first = &events[0].event;
+        let what = format!(
+            "the handler failed on {} event(s) from {} {}: {failure}",
+            events.len(),
+            first.persistence_id,
+            first.sequence_nr
+        );
+        match settings.on_failure {
+            FailureAction::Skip => {
+                tracing::warn!(projection = %self.setup.name, index = self.index, "{what}; skipped");
+                self.status(|s| s.skipped += events.len() as u64);
+                self.passed(events);
+                Ok(())
+            }
+            FailureAction::Stop => Err(End::Failed(what)),
+        }
+    }
+
+    /// Moves the offset past `events`.
+    fn passed(&mut self, events: &[SliceEnvelope]) {
+        for envelope in events {
+            self.offset
+                .advance(&envelope.event.persistence_id, envelope.event.sequence_nr);
+        }
+        self.unsaved += events.len() as u32;
+        self.first_unsaved.get_or_insert_with(Instant::now);
+    }
+
+    fn decode(&self, events: &[SliceEnvelope]) -> Result<Vec<Envelope<E>>, String> {
+        events
+            .iter()
+            .map(|envelope| {
+                let repr = &envelope.event;
+                let event = self
+                    .codec
+                    .decode_event(&self.setup.entity, &repr.manifest, &repr.payload)
+                    .map_err(|e| {
+                        format!(
+                            "event {} of {} does not decode: {e}",
+                            repr.sequence_nr, repr.persistence_id
+                        )
+                    })?;
+                let entity_id = repr
+                    .persistence_id
+                    .split_once('|')
+                    .map_or("", |(_, id)| id)
+                    .to_string();
+                Ok(Envelope {
+                    persistence_id: repr.persistence_id.to_string(),
+                    entity_id,
+                    sequence_nr: repr.sequence_nr,
+                    timestamp_ms: repr.timestamp_ms,
+                    slice: envelope.slice,
+                    tags: envelope.tags.clone(),
+                    event,
+                })
+            })
+            .collect()
+    }
+
+    async fn save(&mut self) -> Result<(), String> {
+        if self.unsaved == 0 && self.first_unsaved.is_none() {
+            return Ok(());
+        }
+        match self.log.save(&self.offset).await {
+            Ok(()) => {
+                self.unsaved = 0;
+                self.first_unsaved = None;
+                self.status(|s| s.saves += 1);
+                self.note_offset();
+                Ok(())
+            }
+            Err(e) => {
+                let reason =
+                    format!("the offset was not saved (the instance may have lost its slot): {e}");
+                self.status(|s| {
+                    s.save_failures += 1;
+                    s.last_error = Some(reason.clone());
+                });
+                Err(reason)
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

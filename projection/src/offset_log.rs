@@ -1,0 +1,237 @@
+//! A projection instance's offset in the replicated journal: a log of its own,
+//! `#projection|<projection>|<index>-of-<instances>`, whose records each hold the logs whose
+//! sequence numbers moved since the record before (every [`FULL_RECORD_EVERY`] saves a full
+//! one, and the records before it are deleted). The offset is every record merged.
+//!
+//! The log has one fenced writer, like every log of the replicated journal: opening it
+//! makes this node its writer (recovering it, which fences any writer before), and only then
+//! is the offset read. A writer fenced by a successor can no longer have a write
+//! acknowledged: a save by an instance that lost its slot fails, and the instance stops.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tessera_journal::{AtomicWrite, Journal, JournalError, Manifest, NewEvent, SliceOffset};
+
+/// The entity type of the offset logs: `#` is no entity type name's character, so no
+/// entity's log and no query by slice of an entity type meets them.
+pub const OFFSET_LOG_TYPE: &str = "#projection";
+
+/// The manifest of an offset record.
+pub const OFFSET_RECORD_MANIFEST: &str = "tessera.projection.OffsetRecord";
+
+/// A full record, and the deletion of the ones before it, after this many saves.
+pub const FULL_RECORD_EVERY: u32 = 64;
+
+/// The offset log of instance `index` of `instances` of projection `projection`.
+pub fn offset_log_id(projection: &str, index: u32, instances: u32) -> String {
+    format!("{OFFSET_LOG_TYPE}|{projection}|{index}-of-{instances}")
+}
+
+/// One save.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct OffsetRecord {
+    /// The offset is these alone (a full record, or a reset), not these merged into the
+    /// records before.
+    replaces: bool,
+    seqs: Vec<(String, u64)>,
+}
+
+/// Why an offset could not be read or saved.
+#[derive(Debug, thiserror::Error)]
+pub enum OffsetError {
+    #[error("offset log {persistence_id}: {source}")]
+    Journal {
+        persistence_id: String,
+        source: JournalError,
+    },
+    #[error("offset log {persistence_id}: record {sequence_nr} does not decode: {reason}")]
+    Corrupt {
+        persistence_id: String,
+        sequence_nr: u64,
+        reason: String,
+    },
+}
+
+/// An instance's offset log, with this node as its writer.
+pub struct OffsetLog {
+    journal: Arc<dyn Journal>,
+    persistence_id: String,
+    writer_id: String,
+    highest: u64,
+    saved: SliceOffset,
+    saves_since_full: u32,
+}
+
+impl OffsetLog {
+    /// Takes the log over (fencing any writer before) and reads the offset saved in it.
+    pub async fn open(
+        journal: Arc<dyn Journal>,
+        persistence_id: String,
+        writer_id: String,
+    ) -> Result<(Self, SliceOffset), OffsetError> {
+        let failed = |source| OffsetError::Journal {
+            persistence_id: persistence_id.clone(),
+            source,
+        };
+        // The highest sequence number comes from this node's writer of the log, which
+        // recovers the log first: the fence.
+        let highest = journal
+            .highest_sequence_nr(&persistence_id)
+            .await
+            .map_err(failed)?;
+        let mut offset = SliceOffset::start();
+        let mut records = journal.replay(&persistence_id, 1, highest, u64::MAX);
+        while let Some(repr) = records.next().await {
+            let repr = repr.map_err(failed)?;
+            let record: OffsetRecord =
+                postcard::from_bytes(&repr.payload).map_err(|e| OffsetError::Corrupt {
+                    persistence_id: persistence_id.clone(),
+                    sequence_nr: repr.sequence_nr,
+                    reason: e.to_string(),
+                })?;
+            if record.replaces {
+                offset = SliceOffset::start();
+            }
+            for (pid, seq) in record.seqs {
+                offset.advance(&pid, seq);
+            }
+        }
+        let log = OffsetLog {
+            journal,
+            persistence_id,
+            writer_id,
+            highest,
+            saved: offset.clone(),
+            saves_since_full: 0,
+        };
+        Ok((log, offset))
+    }
+
+    /// The offset as saved last.
+    pub fn saved(&self) -> &SliceOffset {
+        &self.saved
+    }
+
+    /// Saves `offset`: the logs that moved since the last save (nothing when none did).
+    pub async fn save(&mut self, offset: &SliceOffset) -> Result<(), OffsetError> {
+        let full = self.saves_since_full + 1 >= FULL_RECORD_EVERY;
+        let seqs: Vec<(String, u64)> = offset
+            .iter()
+            .filter(|(pid, seq)| full || *seq > self.saved.get(pid))
+            .map(|(pid, seq)| (pid.to_string(), seq))
+            .collect();
+        if seqs.is_empty() && !full {
+            return Ok(());
+        }
+        self.write(OffsetRecord {
+            replaces: full,
+            seqs,
+        })
+        .await?;
+        self.saved = offset.clone();
+        if full {
+            self.saves_since_full = 0;
+            // The full record holds everything before it.
+            if let Err(e) = self
+                .journal
+                .delete_to(&self.persistence_id, self.highest - 1)
+                .await
+            {
+                tracing::debug!(log = %self.persistence_id, error = %e, "old offset records not deleted; the next full record tries again");
+            }
+        } else {
+            self.saves_since_full += 1;
+        }
+        Ok(())
+    }
+
+    /// Replaces the offset with `offset` (a reset by an operator).
+    pub async fn replace(&mut self, offset: &SliceOffset) -> Result<(), OffsetError> {
+        let seqs = offset
+            .iter()
+            .map(|(pid, seq)| (pid.to_string(), seq))
+            .collect();
+        self.write(OffsetRecord {
+            replaces: true,
+            seqs,
+        })
+        .await?;
+        self.saved = offset.clone();
+        self.saves_since_full = 0;
+        Ok(())
+    }
+
+    async fn write(&mut self, record: OffsetRecord) -> Result<(), OffsetError> {
+        let failed = |source| OffsetError::Journal {
+            persistence_id: self.persistence_id.clone(),
+            source,
+        };
+        let payload = postcard::to_allocvec(&record).map_err(|e| OffsetError::Corrupt {
+            persistence_id: self.persistence_id.clone(),
+            sequence_nr: self.highest + 1,
+            reason: e.to_string(),
+        })?;
+        let timestamp_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let write = AtomicWrite {
+            persistence_id: self.persistence_id.clone(),
+            writer_id: self.writer_id.clone(),
+            events: vec![NewEvent {
+                sequence_nr: self.highest + 1,
+                timestamp_ms,
+                manifest: Manifest::new(OFFSET_RECORD_MANIFEST, 1),
+                payload: Bytes::from(payload),
+                tags: Vec::new(),
+            }],
+        };
+        self.journal.append(write).await.map_err(failed)?;
+        self.highest += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_journal::MemoryJournal;
+
+    #[tokio::test]
+    async fn an_offset_is_the_records_merged_and_survives_a_reopen_and_compaction() {
+        let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+        let id = offset_log_id("balances", 1, 4);
+        assert_eq!(id, "#projection|balances|1-of-4");
+        let (mut log, offset) = OffsetLog::open(journal.clone(), id.clone(), "w".into())
+            .await
+            .unwrap();
+        assert!(offset.is_empty());
+        let mut offset = SliceOffset::start();
+        for round in 1..=(FULL_RECORD_EVERY as u64 * 2 + 3) {
+            offset.advance(&format!("account|{}", round % 7), round);
+            log.save(&offset).await.unwrap();
+        }
+        // Nothing moved: nothing written.
+        let highest = journal.highest_sequence_nr(&id).await.unwrap();
+        log.save(&offset).await.unwrap();
+        assert_eq!(journal.highest_sequence_nr(&id).await.unwrap(), highest);
+        let (_, reopened) = OffsetLog::open(journal.clone(), id.clone(), "w".into())
+            .await
+            .unwrap();
+        assert_eq!(reopened, offset);
+        // Full records let the older ones go.
+        let kept = journal.replay(&id, 1, u64::MAX, u64::MAX).count().await;
+        assert!(kept < FULL_RECORD_EVERY as usize + 1, "{kept} records kept");
+
+        let (mut log, _) = OffsetLog::open(journal.clone(), id.clone(), "w".into())
+            .await
+            .unwrap();
+        let mut reset = SliceOffset::start();
+        reset.advance("account|1", 2);
+        log.replace(&reset).await.unwrap();
+        let (_, reopened) = OffsetLog::open(journal, id, "w".into()).await.unwrap();
+        assert_eq!(reopened, reset);
+    }
+}
