@@ -24,9 +24,17 @@ use tessera_journal::{
     SliceItem, SliceOffset, validate_write,
 };
 use tessera_replication::{
-    ConfigAt, LogSummary, ReplicaId, Request, Response, Target, WriterStatus,
+    ConfigAt, Epoch, LogSummary, ReplicaId, Request, Response, Target, WriterStatus,
 };
 use tokio::sync::watch;
+
+/// A log this node's writer opened: see [`ReplicatedJournal::open_fenced`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FencedLog {
+    pub highest: u64,
+    /// The epoch of the writer that opened it: higher than that of every writer before.
+    pub epoch: Epoch,
+}
 
 /// Events read per page from another node's replica.
 const READ_PAGE_ENTRIES: u32 = 1_000;
@@ -349,6 +357,50 @@ impl ReplicatedJournal {
         }
     }
 
+    /// Makes this node the writer of a log — recovering it, which fences every writer before —
+    /// and returns its highest sequence number with the epoch of this writer. Writes made
+    /// with [`ReplicatedJournal::append_fenced`] and that epoch are taken only while this very
+    /// writer serves the log here: once it was dropped or replaced they are refused, even
+    /// though a new writer on this node could recover the log again. So a caller that read
+    /// the log through its writer never writes after another caller opened it (a projection
+    /// instance's offsets).
+    pub async fn open_fenced(&self, persistence_id: &str) -> Result<FencedLog, JournalError> {
+        let ready = self.ready(persistence_id).await?;
+        let serving = self.writers.serving(persistence_id).await.ok_or_else(|| {
+            JournalError::Unavailable {
+                persistence_id: persistence_id.to_string(),
+                reason: "its writer on this node stopped serving as it was opened".into(),
+            }
+        })?;
+        Ok(FencedLog {
+            highest: ready.highest.max(serving.highest),
+            epoch: serving.epoch,
+        })
+    }
+
+    /// Appends `write` only while the writer [`ReplicatedJournal::open_fenced`] returned
+    /// `epoch` for serves the log on this node.
+    pub fn append_fenced(
+        &self,
+        write: AtomicWrite,
+        epoch: Epoch,
+    ) -> BoxFuture<'static, Result<(), JournalError>> {
+        if let Err(e) = validate_write(&write, self.max_write_bytes) {
+            return futures::future::ready(Err(e)).boxed();
+        }
+        let writers = self.writers.clone();
+        async move {
+            writers
+                .ask(|reply| Command::Append {
+                    write,
+                    writer: Some(epoch.writer),
+                    reply,
+                })
+                .await
+        }
+        .boxed()
+    }
+
     /// The state of this node's writer of a log, if it has one.
     pub async fn writer_status(&self, persistence_id: &str) -> Option<WriterStatus> {
         self.writers.status(persistence_id).await
@@ -475,7 +527,16 @@ impl Journal for ReplicatedJournal {
             return futures::future::ready(Err(e)).boxed();
         }
         let writers = self.writers.clone();
-        async move { writers.ask(|reply| Command::Append { write, reply }).await }.boxed()
+        async move {
+            writers
+                .ask(|reply| Command::Append {
+                    write,
+                    writer: None,
+                    reply,
+                })
+                .await
+        }
+        .boxed()
     }
 
     fn replay(

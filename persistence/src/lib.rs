@@ -21,7 +21,7 @@ pub mod store;
 pub mod wire;
 pub mod writers;
 
-pub use journal::{ForgetStoreError, LogInspection, ReplicaView, ReplicatedJournal};
+pub use journal::{FencedLog, ForgetStoreError, LogInspection, ReplicaView, ReplicatedJournal};
 pub use known_stores::{KnownStores, KnownStoresError};
 pub use metrics::{PersistenceMetrics, PersistenceMetricsSnapshot};
 pub use service::ReplicaServiceSettings;

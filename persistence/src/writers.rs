@@ -108,6 +108,9 @@ type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
 pub(crate) enum Command {
     Append {
         write: AtomicWrite,
+        /// Only by this writer instance of the log (see [`crate::ReplicatedJournal::open_fenced`]):
+        /// refused when this node's writer of the log is another one, or none.
+        writer: Option<u64>,
         reply: Reply<()>,
     },
     DeleteTo {
@@ -698,7 +701,25 @@ impl Actor {
     fn on_command(&mut self, command: Command) {
         let now = Instant::now();
         match command {
-            Command::Append { write, reply } => {
+            Command::Append {
+                write,
+                writer,
+                reply,
+            } => {
+                if let Some(writer) = writer
+                    && self
+                        .slots
+                        .get(write.persistence_id.as_str())
+                        .is_none_or(|slot| slot.instance != writer || !slot.writer.is_serving())
+                {
+                    PersistenceMetrics::incr(&self.metrics.appends_not_applied);
+                    let _ = reply.send(Err(Self::unavailable(
+                        &write.persistence_id,
+                        "the writer of the log on this node is no longer the one it was opened \
+                         with (it was dropped, or the log was taken over): open it again",
+                    )));
+                    return;
+                }
                 let id = match self.slot(&write.persistence_id) {
                     Ok(id) => id,
                     Err(e) => {

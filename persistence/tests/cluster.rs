@@ -3,6 +3,8 @@
 
 #[path = "cluster/by_slice.rs"]
 mod by_slice;
+#[path = "cluster/fenced.rs"]
+mod fenced;
 
 use bytes::Bytes;
 use futures::StreamExt;

@@ -1,6 +1,7 @@
 //! A projection's handler, as the instance calls it, and why it failed.
 
 use crate::envelope::Envelope;
+use crate::exactly_once::{ExactlyOnceStore, OffsetCommit};
 use futures::future::BoxFuture;
 use std::fmt;
 use std::sync::Arc;
@@ -51,8 +52,21 @@ pub type OneHandler<E> =
 pub type GroupHandler<E> =
     Arc<dyn Fn(Vec<Envelope<E>>) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync>;
 
+/// An exactly-once handler: a group of envelopes and the offset to commit with its effect.
+pub type CommitHandler<E> = Arc<
+    dyn Fn(Vec<Envelope<E>>, OffsetCommit) -> BoxFuture<'static, Result<(), HandlerError>>
+        + Send
+        + Sync,
+>;
+
 /// How a projection hands its envelopes to user code.
 pub enum Handling<E: EntityType> {
+    /// Exactly-once: offsets in the handler's store, committed by the handler.
+    Exactly {
+        max: usize,
+        handler: CommitHandler<E>,
+        store: Arc<dyn ExactlyOnceStore>,
+    },
     One(OneHandler<E>),
     Group {
         /// At most this many envelopes per group (those ready when the handler is free).
@@ -68,6 +82,15 @@ impl<E: EntityType> Clone for Handling<E> {
             Handling::Group { max, handler } => Handling::Group {
                 max: *max,
                 handler: handler.clone(),
+            },
+            Handling::Exactly {
+                max,
+                handler,
+                store,
+            } => Handling::Exactly {
+                max: *max,
+                handler: handler.clone(),
+                store: store.clone(),
             },
         }
     }

@@ -8,8 +8,9 @@
 //! last save is handled again by the next run (at-least-once).
 
 use crate::envelope::Envelope;
+use crate::exactly_once::{InstanceKey, OffsetCommit};
 use crate::handler::{HandlerError, Handling};
-use crate::offset_log::{OffsetLog, offset_log_id};
+use crate::offset_log::{OffsetJournal, OffsetLog, offset_log_id};
 use crate::settings::{FailureAction, ProjectionSettings};
 use crate::status::{InstanceStatus, ProjectionStatuses, RunState};
 use futures::StreamExt;
@@ -18,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_daemon::DaemonContext;
 use tessera_entities::{Codec, EntityType};
 use tessera_journal::slice::SliceRange;
-use tessera_journal::{Journal, QueryMode, SliceEnvelope, SliceItem, SliceOffset};
+use tessera_journal::{QueryMode, SliceEnvelope, SliceItem, SliceOffset};
 use tessera_persistence::ReplicatedJournal;
 use tokio::time::Instant;
 
@@ -82,7 +83,7 @@ pub async fn run<E: EntityType>(setup: InstanceSetup<E>, context: DaemonContext)
     });
     let persistence_id = offset_log_id(&setup.name, index, count);
     let writer_id = format!("{}#{}", setup.node, persistence_id);
-    let journal: Arc<dyn Journal> = setup.journal.clone();
+    let journal = OffsetJournal::Replicated(setup.journal.clone());
     let opened = tokio::select! {
         () = context.stopped() => None,
         opened = OffsetLog::open(journal, persistence_id, writer_id) => Some(opened),
@@ -90,7 +91,30 @@ pub async fn run<E: EntityType>(setup: InstanceSetup<E>, context: DaemonContext)
     let end = match opened {
         None => End::Stopped,
         Some(Err(e)) => End::Failed(e.to_string()),
-        Some(Ok((log, offset))) => {
+        Some(Ok((log, offset))) => 'run: {
+            // Exactly-once: the offset is the handler's store's, taken with the log's fence.
+            let offset = match &setup.handling {
+                Handling::Exactly { store, .. } => {
+                    let Some(fence) = log.fence() else {
+                        break 'run End::Failed("the offset log has no fencing writer".into());
+                    };
+                    let key = InstanceKey {
+                        projection: name.to_string(),
+                        index,
+                        instances: count,
+                    };
+                    tokio::select! {
+                        () = context.stopped() => break 'run End::Stopped,
+                        opened = store.open(&key, fence.into()) => match opened {
+                            Ok(offset) => offset,
+                            Err(e) => break 'run End::Failed(format!(
+                                "the exactly-once store refused the instance's slot: {e}"
+                            )),
+                        },
+                    }
+                }
+                _ => offset,
+            };
             let mut run = Run {
                 setup,
                 template: template.clone(),
@@ -142,7 +166,7 @@ impl<E: EntityType> Run<E> {
     async fn follow(&mut self, range: SliceRange, context: &DaemonContext) -> End {
         let chunk = match &self.setup.handling {
             Handling::One(_) => self.setup.settings.save_after_envelopes as usize,
-            Handling::Group { max, .. } => *max,
+            Handling::Group { max, .. } | Handling::Exactly { max, .. } => *max,
         };
         let mut items = self
             .setup
@@ -227,6 +251,26 @@ impl<E: EntityType> Run<E> {
                 for group in events.chunks(max.max(1)) {
                     self.with_retries(group, context, |envelopes| handler(envelopes))
                         .await?;
+                }
+            }
+            Handling::Exactly { max, handler, .. } => {
+                let Some(fence) = self.log.fence() else {
+                    return Err(End::Failed("the offset log has no fencing writer".into()));
+                };
+                for group in events.chunks(max.max(1)) {
+                    let commit = OffsetCommit {
+                        instance: InstanceKey {
+                            projection: self.setup.name.to_string(),
+                            index: self.index,
+                            instances: self.template.instances,
+                        },
+                        fence: fence.into(),
+                        seqs: last_seqs(group),
+                    };
+                    self.with_retries(group, context, |envelopes| {
+                        handler(envelopes, commit.clone())
+                    })
+                    .await?;
                 }
             }
         }
@@ -345,6 +389,13 @@ impl<E: EntityType> Run<E> {
     }
 
     async fn save(&mut self) -> Result<(), String> {
+        if matches!(self.setup.handling, Handling::Exactly { .. }) {
+            // The handler committed every group's offset itself.
+            self.unsaved = 0;
+            self.first_unsaved = None;
+            self.note_offset();
+            return Ok(());
+        }
         if self.unsaved == 0 && self.first_unsaved.is_none() {
             return Ok(());
         }
@@ -367,6 +418,18 @@ impl<E: EntityType> Run<E> {
             }
         }
     }
+}
+
+/// Each log of `events` with the sequence number of its last event there, in log order.
+fn last_seqs(events: &[SliceEnvelope]) -> Vec<(String, u64)> {
+    let mut last = std::collections::BTreeMap::new();
+    for envelope in events {
+        let seq = last
+            .entry(envelope.event.persistence_id.to_string())
+            .or_insert(0);
+        *seq = envelope.event.sequence_nr.max(*seq);
+    }
+    last.into_iter().collect()
 }
 
 /// Sleeps until `at`, or forever without one.

@@ -10,15 +10,18 @@
 //! offset, so an instance that lost its slot (a paused process, the far side of a partition)
 //! cannot save an offset after its successor started.
 //!
-//! Delivery is at-least-once: the offset is saved every `save_after_envelopes` envelopes or
+//! Delivery is at-least-once — the offset is saved every `save_after_envelopes` envelopes or
 //! `save_interval`, and after a restart the events handled since the last save are handled
-//! again (never one before it: the query resumes from the offset per log).
+//! again (never one before it: the query resumes from the offset per log) — or
+//! exactly-once ([`exactly_once`]): the handler commits each group's offset with its effect
+//! in a store of its own, fenced by the offset log's writer epoch.
 //!
 //! Layout: [`envelope`] (what a handler gets), [`handler`] (user code and its failures),
 //! [`offset_log`] (the fenced offsets), [`instance`] (the run of one instance),
 //! [`settings`], [`status`] (what each instance on this node did, for operators).
 
 pub mod envelope;
+pub mod exactly_once;
 pub mod handler;
 pub mod instance;
 pub mod offset_log;
@@ -27,6 +30,7 @@ pub mod settings;
 pub mod status;
 
 pub use envelope::Envelope;
+pub use exactly_once::{ExactlyOnceStore, Fence, InstanceKey, OffsetCommit};
 pub use handler::HandlerError;
 pub use projection::{Projection, ProjectionRun};
 pub use settings::{FailureAction, InvalidProjection, ProjectionSettings};

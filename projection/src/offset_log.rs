@@ -5,8 +5,11 @@
 //!
 //! The log has one fenced writer, like every log of the replicated journal: opening it
 //! makes this node its writer (recovering it, which fences any writer before), and only then
-//! is the offset read. A writer fenced by a successor can no longer have a write
-//! acknowledged: a save by an instance that lost its slot fails, and the instance stops.
+//! is the offset read. Every save goes through that very writer
+//! ([`ReplicatedJournal::append_fenced`]): a writer fenced by a successor can no longer have
+//! a write acknowledged, and one dropped or replaced on this node is not started again for
+//! a save (which would fence the successor in turn). So a save by an instance that lost its
+//! slot fails, and the instance stops.
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -14,6 +17,26 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_journal::{AtomicWrite, Journal, JournalError, Manifest, NewEvent, SliceOffset};
+use tessera_persistence::ReplicatedJournal;
+use tessera_replication::Epoch;
+
+/// Where the offset logs are.
+#[derive(Clone)]
+pub enum OffsetJournal {
+    /// The cluster's: opened and written through one fenced writer.
+    Replicated(Arc<ReplicatedJournal>),
+    /// A node's own journal (tests, single-node tools): no writer to fence.
+    Local(Arc<dyn Journal>),
+}
+
+impl OffsetJournal {
+    fn journal(&self) -> Arc<dyn Journal> {
+        match self {
+            OffsetJournal::Replicated(journal) => journal.clone(),
+            OffsetJournal::Local(journal) => journal.clone(),
+        }
+    }
+}
 
 /// The entity type of the offset logs: `#` is no entity type name's character, so no
 /// entity's log and no query by slice of an entity type meets them.
@@ -57,7 +80,9 @@ pub enum OffsetError {
 
 /// An instance's offset log, with this node as its writer.
 pub struct OffsetLog {
-    journal: Arc<dyn Journal>,
+    journal: OffsetJournal,
+    /// The epoch of this node's writer that opened the log (none for a local journal).
+    fence: Option<Epoch>,
     persistence_id: String,
     writer_id: String,
     highest: u64,
@@ -68,7 +93,7 @@ pub struct OffsetLog {
 impl OffsetLog {
     /// Takes the log over (fencing any writer before) and reads the offset saved in it.
     pub async fn open(
-        journal: Arc<dyn Journal>,
+        journal: OffsetJournal,
         persistence_id: String,
         writer_id: String,
     ) -> Result<(Self, SliceOffset), OffsetError> {
@@ -78,12 +103,26 @@ impl OffsetLog {
         };
         // The highest sequence number comes from this node's writer of the log, which
         // recovers the log first: the fence.
-        let highest = journal
-            .highest_sequence_nr(&persistence_id)
-            .await
-            .map_err(failed)?;
+        let (highest, fence) = match &journal {
+            OffsetJournal::Replicated(replicated) => {
+                let opened = replicated
+                    .open_fenced(&persistence_id)
+                    .await
+                    .map_err(failed)?;
+                (opened.highest, Some(opened.epoch))
+            }
+            OffsetJournal::Local(local) => (
+                local
+                    .highest_sequence_nr(&persistence_id)
+                    .await
+                    .map_err(failed)?,
+                None,
+            ),
+        };
         let mut offset = SliceOffset::start();
-        let mut records = journal.replay(&persistence_id, 1, highest, u64::MAX);
+        let mut records = journal
+            .journal()
+            .replay(&persistence_id, 1, highest, u64::MAX);
         while let Some(repr) = records.next().await {
             let repr = repr.map_err(failed)?;
             let record: OffsetRecord =
@@ -101,6 +140,7 @@ impl OffsetLog {
         }
         let log = OffsetLog {
             journal,
+            fence,
             persistence_id,
             writer_id,
             highest,
@@ -108,6 +148,13 @@ impl OffsetLog {
             saves_since_full: 0,
         };
         Ok((log, offset))
+    }
+
+    /// The epoch of the writer that opened the log: higher than that of every instance's
+    /// before, so a fencing token for a store of the instance's own (exactly-once). None
+    /// for a local journal.
+    pub fn fence(&self) -> Option<Epoch> {
+        self.fence
     }
 
     /// The offset as saved last.
@@ -137,6 +184,7 @@ impl OffsetLog {
             // The full record holds everything before it.
             if let Err(e) = self
                 .journal
+                .journal()
                 .delete_to(&self.persistence_id, self.highest - 1)
                 .await
             {
@@ -188,7 +236,13 @@ impl OffsetLog {
                 tags: Vec::new(),
             }],
         };
-        self.journal.append(write).await.map_err(failed)?;
+        let appended = match (&self.journal, self.fence) {
+            (OffsetJournal::Replicated(replicated), Some(fence)) => {
+                replicated.append_fenced(write, fence).await
+            }
+            (journal, _) => journal.journal().append(write).await,
+        };
+        appended.map_err(failed)?;
         self.highest += 1;
         Ok(())
     }
@@ -201,7 +255,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_offset_is_the_records_merged_and_survives_a_reopen_and_compaction() {
-        let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+        let memory: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+        let journal = OffsetJournal::Local(memory.clone());
         let id = offset_log_id("balances", 1, 4);
         assert_eq!(id, "#projection|balances|1-of-4");
         let (mut log, offset) = OffsetLog::open(journal.clone(), id.clone(), "w".into())
@@ -214,15 +269,15 @@ mod tests {
             log.save(&offset).await.unwrap();
         }
         // Nothing moved: nothing written.
-        let highest = journal.highest_sequence_nr(&id).await.unwrap();
+        let highest = memory.highest_sequence_nr(&id).await.unwrap();
         log.save(&offset).await.unwrap();
-        assert_eq!(journal.highest_sequence_nr(&id).await.unwrap(), highest);
+        assert_eq!(memory.highest_sequence_nr(&id).await.unwrap(), highest);
         let (_, reopened) = OffsetLog::open(journal.clone(), id.clone(), "w".into())
             .await
             .unwrap();
         assert_eq!(reopened, offset);
         // Full records let the older ones go.
-        let kept = journal.replay(&id, 1, u64::MAX, u64::MAX).count().await;
+        let kept = memory.replay(&id, 1, u64::MAX, u64::MAX).count().await;
         assert!(kept < FULL_RECORD_EVERY as usize + 1, "{kept} records kept");
 
         let (mut log, _) = OffsetLog::open(journal.clone(), id.clone(), "w".into())

@@ -2,6 +2,7 @@
 //! a handler and settings; and the same with its Rust type erased, as the node runs it.
 
 use crate::envelope::Envelope;
+use crate::exactly_once::{ExactlyOnceStore, OffsetCommit};
 use crate::handler::{HandlerError, Handling};
 use crate::instance::{InstanceSetup, run};
 use crate::settings::{InvalidProjection, ProjectionSettings};
@@ -82,6 +83,37 @@ impl<E: EntityType> Projection<E> {
         }
     }
 
+    /// An exactly-once projection: `handler` gets groups of up to `max_group` envelopes with
+    /// the [`OffsetCommit`] to commit in the same transaction as its effect, in `store`
+    /// (which reads the offset back and fences the instances: see
+    /// [`crate::exactly_once`]). A failed group is retried, then the instance stops
+    /// ([`FailureAction::Skip`](crate::FailureAction) is refused: skipping would need a
+    /// commit of its own).
+    pub fn exactly_once<F, Fut>(
+        name: &str,
+        entity: E,
+        instances: u32,
+        max_group: usize,
+        store: impl ExactlyOnceStore,
+        handler: F,
+    ) -> Self
+    where
+        F: Fn(Vec<Envelope<E>>, OffsetCommit) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        Projection {
+            name: name.to_string(),
+            entity: Arc::new(entity),
+            instances,
+            handling: Handling::Exactly {
+                max: max_group.max(1),
+                handler: Arc::new(move |envelopes, commit| handler(envelopes, commit).boxed()),
+                store: Arc::new(store),
+            },
+            settings: ProjectionSettings::default(),
+        }
+    }
+
     /// The same projection with `settings`.
     pub fn with_settings(mut self, settings: ProjectionSettings) -> Self {
         self.settings = settings;
@@ -136,6 +168,11 @@ impl<E: EntityType> ProjectionRun for Projection<E> {
                 self.instances,
                 tessera_journal::slice::SLICE_COUNT
             ));
+        }
+        if matches!(self.handling, Handling::Exactly { .. })
+            && self.settings.on_failure == crate::FailureAction::Skip
+        {
+            return bad("an exactly-once projection stops on a failure; it cannot skip".into());
         }
         self.settings.validate(&self.name)
     }
