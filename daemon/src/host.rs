@@ -153,6 +153,10 @@ impl Inner {
                 format!("daemon {}: this node is stopping", self.name),
             ));
         }
+        // The count is read under the runs' lock: a change of the count checks the runs
+        // under it too, so a run started with the count before is listed by then and is
+        // stopped by it.
+        let mut runs = self.runs();
         let count = *self.count.borrow();
         if index >= count {
             return Err(AskFailure::new(
@@ -165,7 +169,6 @@ impl Inner {
                 ),
             ));
         }
-        let mut runs = self.runs();
         if let Some(run) = runs.get(&index) {
             return Ok(if run.stop.is_cancelled() {
                 InstanceStatus::Stopping

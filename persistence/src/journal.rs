@@ -8,7 +8,7 @@
 //! and live queries, run over the logs this node's store holds.
 
 use crate::caller::{CallResult, ReplicaCaller};
-use crate::slice_query::SliceQuerySettings;
+use crate::slice_query::{QueryProgress, QueryRun, SliceQuerySettings};
 use crate::store::ReplicaStore;
 use crate::wire::{ReplicaCall, ReplicaReply, ReplicaRequest};
 use crate::writers::{Command, ReadyLog, Writers};
@@ -161,8 +161,37 @@ impl ReplicatedJournal {
             slices,
             offset,
             mode,
-            settings,
+            QueryRun {
+                settings,
+                progress: None,
+            },
         )
+    }
+
+    /// [`ReplicatedJournal::events_by_slices`] with the query's progress beside it, for a
+    /// consumer's lag in events: what the members reported acknowledged and the query did
+    /// not deliver yet, and how many items it delivered.
+    pub fn events_by_slices_with_progress(
+        &self,
+        entity_type: &str,
+        slices: SliceRange,
+        offset: SliceOffset,
+        mode: QueryMode,
+    ) -> (JournalStream<SliceItem>, watch::Receiver<QueryProgress>) {
+        let (progress, watched) = watch::channel(QueryProgress::default());
+        let items = crate::slice_query::events_by_slices(
+            self.caller.clone(),
+            self.membership.clone(),
+            entity_type,
+            slices,
+            offset,
+            mode,
+            QueryRun {
+                settings: SliceQuerySettings::default(),
+                progress: Some(progress),
+            },
+        );
+        (items, watched)
     }
 
     /// Asks every member of the cluster what it holds of a log (a read; nothing is fenced):
@@ -357,15 +386,22 @@ impl ReplicatedJournal {
         }
     }
 
-    /// Makes this node the writer of a log — recovering it, which fences every writer before —
-    /// and returns its highest sequence number with the epoch of this writer. Writes made
+    /// Makes this node the writer of a log — a new writer, recovering it afresh, which fences
+    /// every writer before, this node's own included — and returns its highest sequence
+    /// number with the epoch of this writer. Writes made
     /// with [`ReplicatedJournal::append_fenced`] and that epoch are taken only while this very
     /// writer serves the log here: once it was dropped or replaced they are refused, even
     /// though a new writer on this node could recover the log again. So a caller that read
     /// the log through its writer never writes after another caller opened it (a projection
     /// instance's offsets).
     pub async fn open_fenced(&self, persistence_id: &str) -> Result<FencedLog, JournalError> {
-        let ready = self.ready(persistence_id).await?;
+        let ready = self
+            .writers
+            .ask(|reply| Command::Reopen {
+                persistence_id: persistence_id.to_string(),
+                reply,
+            })
+            .await?;
         let serving = self.writers.serving(persistence_id).await.ok_or_else(|| {
             JournalError::Unavailable {
                 persistence_id: persistence_id.to_string(),
@@ -393,7 +429,7 @@ impl ReplicatedJournal {
             writers
                 .ask(|reply| Command::Append {
                     write,
-                    writer: Some(epoch.writer),
+                    writer: Some(epoch),
                     reply,
                 })
                 .await

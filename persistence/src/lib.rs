@@ -25,7 +25,7 @@ pub use journal::{FencedLog, ForgetStoreError, LogInspection, ReplicaView, Repli
 pub use known_stores::{KnownStores, KnownStoresError};
 pub use metrics::{PersistenceMetrics, PersistenceMetricsSnapshot};
 pub use service::ReplicaServiceSettings;
-pub use slice_query::SliceQuerySettings;
+pub use slice_query::{QueryProgress, SliceQuerySettings};
 pub use snapshots::ReplicatedSnapshotStore;
 pub use store::{MemoryReplicaStore, ReplicaStore, RocksReplicaStore, StoreError};
 pub use tessera_journal::StoredEvent;

@@ -90,7 +90,22 @@ enum Answer {
     Rested(Address),
 }
 
-/// Starts a query: see the module.
+/// How far a query is, for its consumer's lag: updated at each poll of the members.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueryProgress {
+    /// Acknowledged events the members reported that the query has not delivered yet.
+    pub behind: u64,
+    /// Items the query handed to its stream so far (some may wait in its buffer).
+    pub delivered: u64,
+}
+
+/// How a query runs: its settings, and where to tell its progress (if anywhere).
+pub(crate) struct QueryRun {
+    pub settings: SliceQuerySettings,
+    pub progress: Option<watch::Sender<QueryProgress>>,
+}
+
+/// Starts a query: see the module. Its progress, when asked for, is kept up to date.
 pub(crate) fn events_by_slices(
     caller: Arc<dyn ReplicaCaller>,
     membership: watch::Receiver<ClusterSnapshot>,
@@ -98,8 +113,9 @@ pub(crate) fn events_by_slices(
     slices: SliceRange,
     offset: SliceOffset,
     mode: QueryMode,
-    settings: SliceQuerySettings,
+    run: QueryRun,
 ) -> JournalStream<SliceItem> {
+    let QueryRun { settings, progress } = run;
     let (items, received) = mpsc::channel(settings.buffer.max(1));
     let mut query = Query {
         caller,
@@ -112,6 +128,8 @@ pub(crate) fn events_by_slices(
         calls: FuturesUnordered::new(),
         settings,
         items,
+        progress,
+        delivered: 0,
     };
     for (log, seq) in offset.iter() {
         if slices.holds(log) {
@@ -139,6 +157,8 @@ struct Query {
     calls: FuturesUnordered<BoxFuture<'static, Answer>>,
     settings: SliceQuerySettings,
     items: mpsc::Sender<Result<SliceItem, JournalError>>,
+    progress: Option<watch::Sender<QueryProgress>>,
+    delivered: u64,
 }
 
 impl Query {
@@ -177,6 +197,7 @@ impl Query {
                     self.ask_members();
                     self.reader.tick(std::time::Instant::now());
                     self.send_reads();
+                    self.tell_progress();
                 }
             }
             if !self.deliver().await {
@@ -364,8 +385,20 @@ impl Query {
             if self.items.send(Ok(item)).await.is_err() {
                 return false;
             }
+            self.delivered += 1;
         }
         true
+    }
+
+    /// O(logs followed): at each poll, not each delivery.
+    fn tell_progress(&self) {
+        if let Some(progress) = &self.progress {
+            let now = QueryProgress {
+                behind: self.reader.behind(),
+                delivered: self.delivered,
+            };
+            progress.send_if_modified(|before| std::mem::replace(before, now) != now);
+        }
     }
 
     /// A current query is done once every member that answers was scanned and asked once

@@ -108,9 +108,10 @@ type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
 pub(crate) enum Command {
     Append {
         write: AtomicWrite,
-        /// Only by this writer instance of the log (see [`crate::ReplicatedJournal::open_fenced`]):
-        /// refused when this node's writer of the log is another one, or none.
-        writer: Option<u64>,
+        /// Only by this node's writer of the log while it serves with this epoch (see
+        /// [`crate::ReplicatedJournal::open_fenced`]): refused when the writer is another
+        /// one, none, or recovered the log again since (a higher epoch).
+        writer: Option<tessera_replication::Epoch>,
         reply: Reply<()>,
     },
     DeleteTo {
@@ -119,6 +120,13 @@ pub(crate) enum Command {
         reply: Reply<()>,
     },
     Ready {
+        persistence_id: String,
+        reply: Reply<ReadyLog>,
+    },
+    /// As `Ready`, with a new writer that recovers the log afresh (a higher epoch than any
+    /// before, this node's included) in place of an idle one this node has; refused while
+    /// the one it has is busy.
+    Reopen {
         persistence_id: String,
         reply: Reply<ReadyLog>,
     },
@@ -706,11 +714,15 @@ impl Actor {
                 writer,
                 reply,
             } => {
-                if let Some(writer) = writer
+                if let Some(epoch) = writer
                     && self
                         .slots
                         .get(write.persistence_id.as_str())
-                        .is_none_or(|slot| slot.instance != writer || !slot.writer.is_serving())
+                        .is_none_or(|slot| {
+                            slot.instance != epoch.writer
+                                || !slot.writer.is_serving()
+                                || slot.writer.status().epoch != Some(epoch)
+                        })
                 {
                     PersistenceMetrics::incr(&self.metrics.appends_not_applied);
                     let _ = reply.send(Err(Self::unavailable(
@@ -794,6 +806,33 @@ impl Actor {
                     } else {
                         slot.waiting.push(reply);
                     }
+                }
+                self.drain(&id);
+            }
+            Command::Reopen {
+                persistence_id,
+                reply,
+            } => {
+                if let Some(slot) = self.slots.get(persistence_id.as_str()) {
+                    if !slot.ops.is_empty() || !slot.waiting.is_empty() {
+                        let _ = reply.send(Err(Self::unavailable(
+                            &persistence_id,
+                            "this node's writer of the log is busy; open it again later",
+                        )));
+                        return;
+                    }
+                    self.slots.remove(persistence_id.as_str());
+                    self.metrics.writers.fetch_sub(1, Ordering::Relaxed);
+                }
+                let id = match self.slot(&persistence_id) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                if let Some(slot) = self.slots.get_mut(&id) {
+                    slot.waiting.push(reply);
                 }
                 self.drain(&id);
             }
