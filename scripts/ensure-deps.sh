@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building tessera needs beyond rustup, when it is missing:
 #   - a C/C++ toolchain and libclang (the rocksdb crate compiles RocksDB and runs bindgen).
+#   - PostgreSQL's server (the exactly-once projection tests start servers of their own).
 #   - Debian's chromium and chromium-driver for the dashboard's browser test (optional: where
 #     they cannot be installed this only says so, and the test skips).
 # The power-loss test (tests/power_loss.rs) needs no package: its FUSE filesystem mounts as
@@ -93,6 +94,30 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
   echo "tessera: installing iproute2 (ip, tc) for the partition tests" >&2
   sh -c "apt-get update && apt-get install -y iproute2" >&2 \
     || echo "warning: could not install iproute2; partitions will be skipped" >&2
+fi
+
+# PostgreSQL's server programs (initdb, postgres, pg_ctl), for the exactly-once projection
+# tests and the demo's read model: each test starts a server of its own on a free loopback
+# port (tools/harness/src/postgres.rs). Those tests need it, so a failure here is an error.
+have_postgres() {
+  if [ -n "${TESSERA_POSTGRES_BIN:-}" ] && [ -x "$TESSERA_POSTGRES_BIN/initdb" ]; then
+    return 0
+  fi
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1
+}
+if ! have_postgres; then
+  pg_cmd="apt-get update && apt-get install -y postgresql"
+  echo "tessera: installing PostgreSQL for the exactly-once projection tests" >&2
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    sh -c "$pg_cmd" >&2
+  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo sh -c "$pg_cmd" >&2
+  else
+    echo "error: PostgreSQL is missing and cannot be installed here. Run:" >&2
+    echo "  sudo sh -c '$pg_cmd'" >&2
+    echo "or set TESSERA_POSTGRES_BIN to the directory of initdb and postgres." >&2
+    exit 1
+  fi
 fi
 
 # mdBook, for the book's build in the suite (tests/readme_examples.rs): not needed to build

@@ -67,4 +67,13 @@ pub trait ExactlyOnceStore: Send + Sync + 'static {
         instance: &InstanceKey,
         fence: Fence,
     ) -> BoxFuture<'static, Result<SliceOffset, HandlerError>>;
+
+    /// Forgets the offset committed for `instance`'s slices (an operator's reset), if
+    /// `fence` still holds its slot. The handler's read model is the service's: a service
+    /// that resets a projection clears or rebuilds it itself.
+    fn reset(
+        &self,
+        instance: &InstanceKey,
+        fence: Fence,
+    ) -> BoxFuture<'static, Result<(), HandlerError>>;
 }

@@ -6,7 +6,12 @@
 //! one per event). The saved offset never passes an event that was neither handled nor
 //! skipped, so a run that ends anywhere resumes with nothing lost; what it handled after the
 //! last save is handled again by the next run (at-least-once).
+//!
+//! A paused instance ([`crate::control`]) ends its run (saving its offset) and waits to be
+//! resumed; a reset asked by an operator is applied when the instance next opens its offset
+//! log, through its fenced writer, before it reads a single event.
 
+use crate::control::ControlState;
 use crate::envelope::Envelope;
 use crate::exactly_once::{InstanceKey, OffsetCommit};
 use crate::handler::{HandlerError, Handling};
@@ -20,8 +25,12 @@ use tessera_daemon::DaemonContext;
 use tessera_entities::{Codec, EntityType};
 use tessera_journal::slice::SliceRange;
 use tessera_journal::{QueryMode, SliceEnvelope, SliceItem, SliceOffset};
-use tessera_persistence::ReplicatedJournal;
+use tessera_persistence::{QueryProgress, ReplicatedJournal};
+use tokio::sync::watch;
 use tokio::time::Instant;
+
+/// How often an instance refreshes its lag in its status while nothing arrives.
+const LAG_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a run needs besides its context.
 pub struct InstanceSetup<E: EntityType> {
@@ -33,11 +42,30 @@ pub struct InstanceSetup<E: EntityType> {
     pub statuses: ProjectionStatuses,
     /// Names this node in the offset log's writer id.
     pub node: String,
+    /// What operators asked of the projection.
+    pub control: watch::Receiver<ControlState>,
+}
+
+impl<E: EntityType> Clone for InstanceSetup<E> {
+    fn clone(&self) -> Self {
+        InstanceSetup {
+            name: self.name.clone(),
+            entity: self.entity.clone(),
+            handling: self.handling.clone(),
+            settings: self.settings.clone(),
+            journal: self.journal.clone(),
+            statuses: self.statuses.clone(),
+            node: self.node.clone(),
+            control: self.control.clone(),
+        }
+    }
 }
 
 /// How a run ended.
 enum End {
     Stopped,
+    /// An operator paused the projection.
+    Paused,
     Failed(String),
 }
 
@@ -51,6 +79,8 @@ struct Run<E: EntityType> {
     log: OffsetLog,
     unsaved: u32,
     first_unsaved: Option<Instant>,
+    /// Items taken from the query (for the lag in events).
+    received: u64,
 }
 
 fn now_ms() -> u64 {
@@ -60,7 +90,8 @@ fn now_ms() -> u64 {
 }
 
 /// Runs instance `context.index()` of `context.count()` until told to stop or until it fails
-/// (a failed run ends; the daemon's next keep-alive starts another).
+/// (a failed run ends; the daemon's next keep-alive starts another). While the projection
+/// is paused it waits, running nothing.
 pub async fn run<E: EntityType>(setup: InstanceSetup<E>, context: DaemonContext) {
     let (index, count) = (context.index(), context.count());
     let Some(range) = SliceRange::split(count)
@@ -75,64 +106,28 @@ pub async fn run<E: EntityType>(setup: InstanceSetup<E>, context: DaemonContext)
     let template =
         InstanceStatus::new(&name, E::TYPE_NAME, index, count, (range.first, range.last));
     let initial = || template.clone();
-    statuses.update(&name, index, initial, |s| {
-        s.runs += 1;
-        s.state = RunState::Opening;
-        s.instances = count;
-        s.slices = (range.first, range.last);
-    });
-    let persistence_id = offset_log_id(&setup.name, index, count);
-    let writer_id = format!("{}#{}", setup.node, persistence_id);
-    let journal = OffsetJournal::Replicated(setup.journal.clone());
-    let opened = tokio::select! {
-        () = context.stopped() => None,
-        opened = OffsetLog::open(journal, persistence_id, writer_id) => Some(opened),
-    };
-    let end = match opened {
-        None => End::Stopped,
-        Some(Err(e)) => End::Failed(e.to_string()),
-        Some(Ok((log, offset))) => 'run: {
-            // Exactly-once: the offset is the handler's store's, taken with the log's fence.
-            let offset = match &setup.handling {
-                Handling::Exactly { store, .. } => {
-                    let Some(fence) = log.fence() else {
-                        break 'run End::Failed("the offset log has no fencing writer".into());
-                    };
-                    let key = InstanceKey {
-                        projection: name.to_string(),
-                        index,
-                        instances: count,
-                    };
-                    tokio::select! {
-                        () = context.stopped() => break 'run End::Stopped,
-                        opened = store.open(&key, fence.into()) => match opened {
-                            Ok(offset) => offset,
-                            Err(e) => break 'run End::Failed(format!(
-                                "the exactly-once store refused the instance's slot: {e}"
-                            )),
-                        },
+    let mut control = setup.control.clone();
+    let end = loop {
+        if control.borrow_and_update().paused {
+            statuses.update(&name, index, initial, |s| s.state = RunState::Paused);
+            tokio::select! {
+                () = context.stopped() => break End::Stopped,
+                resumed = async { control.wait_for(|c| !c.paused).await.is_ok() } => {
+                    if !resumed {
+                        break End::Stopped;
                     }
                 }
-                _ => offset,
-            };
-            let mut run = Run {
-                setup,
-                template: template.clone(),
-                index,
-                codec: Codec::new(),
-                offset,
-                log,
-                unsaved: 0,
-                first_unsaved: None,
-            };
-            run.note_offset();
-            let end = run.follow(range, &context).await;
-            // What was handled since the last save is saved on the way out (a fenced
-            // writer's save fails, and changes nothing).
-            if let Err(e) = run.save().await {
-                tracing::debug!(projection = %name, index, error = %e, "offset not saved at the end of the run");
             }
-            end
+        }
+        statuses.update(&name, index, initial, |s| {
+            s.runs += 1;
+            s.state = RunState::Opening;
+            s.instances = count;
+            s.slices = (range.first, range.last);
+        });
+        match run_once(setup.clone(), &context, range, &template).await {
+            End::Paused => continue,
+            end => break end,
         }
     };
     statuses.update(&name, index, initial, |s| {
@@ -144,6 +139,100 @@ pub async fn run<E: EntityType>(setup: InstanceSetup<E>, context: DaemonContext)
     if let End::Failed(reason) = end {
         tracing::warn!(projection = %name, index, %reason, "projection instance failed; it starts again at the next keep-alive");
     }
+}
+
+/// Opens the offset (applying a reset that was asked), follows the events until the run
+/// ends, and saves the offset on the way out.
+async fn run_once<E: EntityType>(
+    setup: InstanceSetup<E>,
+    context: &DaemonContext,
+    range: SliceRange,
+    template: &InstanceStatus,
+) -> End {
+    let (index, count) = (context.index(), context.count());
+    let name = setup.name.clone();
+    let persistence_id = offset_log_id(&setup.name, index, count);
+    let writer_id = format!("{}#{}", setup.node, persistence_id);
+    let journal = OffsetJournal::Replicated(setup.journal.clone());
+    let opened = tokio::select! {
+        () = context.stopped() => return End::Stopped,
+        opened = OffsetLog::open(journal, persistence_id, writer_id) => opened,
+    };
+    let (mut log, offset) = match opened {
+        Err(e) => return End::Failed(e.to_string()),
+        Ok(opened) => opened,
+    };
+    let resets = setup.control.borrow().resets;
+    let reset = resets > log.resets();
+    // Exactly-once: the offset is the handler's store's, taken with the log's fence.
+    let offset = match &setup.handling {
+        Handling::Exactly { store, .. } => {
+            let Some(fence) = log.fence() else {
+                return End::Failed("the offset log has no fencing writer".into());
+            };
+            let key = InstanceKey {
+                projection: name.to_string(),
+                index,
+                instances: count,
+            };
+            let taken = tokio::select! {
+                () = context.stopped() => return End::Stopped,
+                opened = store.open(&key, fence.into()) => opened,
+            };
+            match taken {
+                Err(e) => {
+                    return End::Failed(format!(
+                        "the exactly-once store refused the instance's slot: {e}"
+                    ));
+                }
+                // The store's offsets go first: were the log's reset recorded and the
+                // store's not, the reset would be lost.
+                Ok(_) if reset => match store.reset(&key, fence.into()).await {
+                    Ok(()) => SliceOffset::start(),
+                    Err(e) => {
+                        return End::Failed(format!(
+                            "the exactly-once store did not reset the offset: {e}"
+                        ));
+                    }
+                },
+                Ok(offset) => offset,
+            }
+        }
+        _ if reset => SliceOffset::start(),
+        _ => offset,
+    };
+    if reset {
+        if let Err(e) = log.replace(&SliceOffset::start(), resets).await {
+            return End::Failed(format!("the reset of the offset was not saved: {e}"));
+        }
+        tracing::info!(projection = %name, index, resets, "offset reset: every event is handled again");
+    }
+    let applied = log.resets();
+    setup.statuses.update(
+        &name,
+        index,
+        || template.clone(),
+        |s| s.resets_applied = applied,
+    );
+    let mut run = Run {
+        setup,
+        template: template.clone(),
+        index,
+        codec: Codec::new(),
+        offset,
+        log,
+        unsaved: 0,
+        first_unsaved: None,
+        received: 0,
+    };
+    run.note_offset();
+    let end = run.follow(range, context).await;
+    // What was handled since the last save is saved on the way out (a fenced writer's save
+    // fails, and changes nothing).
+    if let Err(e) = run.save().await {
+        tracing::debug!(projection = %name, index, error = %e, "offset not saved at the end of the run");
+    }
+    end
 }
 
 impl<E: EntityType> Run<E> {
@@ -163,16 +252,33 @@ impl<E: EntityType> Run<E> {
         });
     }
 
+    /// The lag in events: what the members reported acknowledged that the query has not
+    /// delivered, and what it delivered that the instance did not take yet. Caught up, the
+    /// lag in time is zero too.
+    fn note_lag(&self, progress: &QueryProgress) {
+        let events = (progress.behind + progress.delivered).saturating_sub(self.received);
+        self.status(|s| {
+            s.lag_events = Some(events);
+            if events == 0 {
+                s.lag_ms = Some(0);
+            }
+        });
+    }
+
     async fn follow(&mut self, range: SliceRange, context: &DaemonContext) -> End {
         let chunk = match &self.setup.handling {
             Handling::One(_) => self.setup.settings.save_after_envelopes as usize,
             Handling::Group { max, .. } | Handling::Exactly { max, .. } => *max,
         };
-        let mut items = self
-            .setup
-            .journal
-            .events_by_slices(E::TYPE_NAME, range, self.offset.clone(), QueryMode::Live)
-            .ready_chunks(chunk.max(1));
+        let (items, mut progress) = self.setup.journal.events_by_slices_with_progress(
+            E::TYPE_NAME,
+            range,
+            self.offset.clone(),
+            QueryMode::Live,
+        );
+        let mut items = items.ready_chunks(chunk.max(1));
+        let mut control = self.setup.control.clone();
+        let mut lag_refresh = tokio::time::interval(LAG_REFRESH);
         self.status(|s| s.state = RunState::Running);
         loop {
             let save_due = self
@@ -181,6 +287,13 @@ impl<E: EntityType> Run<E> {
             let next = tokio::select! {
                 biased;
                 () = context.stopped() => return End::Stopped,
+                paused = async { control.wait_for(|c| c.paused).await.is_ok() } => {
+                    return if paused { End::Paused } else { End::Stopped };
+                }
+                _ = lag_refresh.tick() => {
+                    self.note_lag(&progress.borrow_and_update());
+                    continue;
+                }
                 () = sleep_until_some(save_due) => {
                     if let Err(reason) = self.save().await {
                         return End::Failed(reason);
@@ -192,7 +305,11 @@ impl<E: EntityType> Run<E> {
             let Some(batch) = next else {
                 return End::Failed("the query by slice ended".into());
             };
+            self.received += batch.len() as u64;
             let mut events = Vec::with_capacity(batch.len());
+            // A repeat within the batch is a repeat too: what the batch passed so far.
+            let mut in_batch: std::collections::HashMap<String, u64> =
+                std::collections::HashMap::new();
             for item in batch {
                 match item {
                     Err(e) => return End::Failed(format!("the query by slice failed: {e}")),
@@ -203,18 +320,23 @@ impl<E: EntityType> Run<E> {
                     }
                     // A repeat of what the offset already passed is skipped by
                     // (persistence id, sequence number).
-                    Ok(SliceItem::Event(envelope))
-                        if envelope.event.sequence_nr
-                            > self.offset.get(&envelope.event.persistence_id) =>
-                    {
-                        events.push(envelope);
+                    Ok(SliceItem::Event(envelope)) => {
+                        let pid = envelope.event.persistence_id.as_str();
+                        let passed = in_batch
+                            .get(pid)
+                            .copied()
+                            .unwrap_or_else(|| self.offset.get(pid));
+                        if envelope.event.sequence_nr > passed {
+                            in_batch.insert(pid.to_string(), envelope.event.sequence_nr);
+                            events.push(envelope);
+                        }
                     }
-                    Ok(SliceItem::Event(_)) => {}
                 }
             }
             if let Err(end) = self.handle(events, context).await {
                 return end;
             }
+            self.note_lag(&progress.borrow_and_update());
             if self.unsaved >= self.setup.settings.save_after_envelopes
                 && let Err(reason) = self.save().await
             {

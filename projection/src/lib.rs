@@ -18,8 +18,10 @@
 //!
 //! Layout: [`envelope`] (what a handler gets), [`handler`] (user code and its failures),
 //! [`offset_log`] (the fenced offsets), [`instance`] (the run of one instance),
-//! [`settings`], [`status`] (what each instance on this node did, for operators).
+//! [`settings`], [`status`] (what each instance on this node did, for operators),
+//! [`control`] (pause, resume and reset, across the cluster).
 
+pub mod control;
 pub mod envelope;
 pub mod exactly_once;
 pub mod handler;
@@ -29,10 +31,11 @@ pub mod projection;
 pub mod settings;
 pub mod status;
 
+pub use control::{ControlError, ControlState, ProjectionControl};
 pub use envelope::Envelope;
 pub use exactly_once::{ExactlyOnceStore, Fence, InstanceKey, OffsetCommit};
 pub use handler::HandlerError;
-pub use projection::{Projection, ProjectionRun};
+pub use projection::{NodeServices, Projection, ProjectionRun};
 pub use settings::{FailureAction, InvalidProjection, ProjectionSettings};
 pub use status::{InstanceStatus, ProjectionStatuses};
 

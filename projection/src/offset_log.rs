@@ -60,6 +60,29 @@ struct OffsetRecord {
     /// records before.
     replaces: bool,
     seqs: Vec<(String, u64)>,
+    /// The operators' resets applied to the offset so far (see [`crate::control`]).
+    resets: u64,
+}
+
+/// The manifest version of [`OffsetRecord`]; version 1 had no `resets`.
+const OFFSET_RECORD_VERSION: u32 = 2;
+
+#[derive(Deserialize)]
+struct OffsetRecordV1 {
+    replaces: bool,
+    seqs: Vec<(String, u64)>,
+}
+
+fn decode_record(repr: &tessera_journal::PersistentRepr) -> Result<OffsetRecord, postcard::Error> {
+    if repr.manifest.version == 1 {
+        let v1: OffsetRecordV1 = postcard::from_bytes(&repr.payload)?;
+        return Ok(OffsetRecord {
+            replaces: v1.replaces,
+            seqs: v1.seqs,
+            resets: 0,
+        });
+    }
+    postcard::from_bytes(&repr.payload)
 }
 
 /// Why an offset could not be read or saved.
@@ -88,6 +111,8 @@ pub struct OffsetLog {
     highest: u64,
     saved: SliceOffset,
     saves_since_full: u32,
+    /// The resets applied to the offset.
+    resets: u64,
 }
 
 impl OffsetLog {
@@ -120,17 +145,18 @@ impl OffsetLog {
             ),
         };
         let mut offset = SliceOffset::start();
+        let mut resets = 0;
         let mut records = journal
             .journal()
             .replay(&persistence_id, 1, highest, u64::MAX);
         while let Some(repr) = records.next().await {
             let repr = repr.map_err(failed)?;
-            let record: OffsetRecord =
-                postcard::from_bytes(&repr.payload).map_err(|e| OffsetError::Corrupt {
-                    persistence_id: persistence_id.clone(),
-                    sequence_nr: repr.sequence_nr,
-                    reason: e.to_string(),
-                })?;
+            let record = decode_record(&repr).map_err(|e| OffsetError::Corrupt {
+                persistence_id: persistence_id.clone(),
+                sequence_nr: repr.sequence_nr,
+                reason: e.to_string(),
+            })?;
+            resets = resets.max(record.resets);
             if record.replaces {
                 offset = SliceOffset::start();
             }
@@ -146,6 +172,7 @@ impl OffsetLog {
             highest,
             saved: offset.clone(),
             saves_since_full: 0,
+            resets,
         };
         Ok((log, offset))
     }
@@ -155,6 +182,11 @@ impl OffsetLog {
     /// for a local journal.
     pub fn fence(&self) -> Option<Epoch> {
         self.fence
+    }
+
+    /// The operators' resets applied to the offset (see [`crate::control`]).
+    pub fn resets(&self) -> u64 {
+        self.resets
     }
 
     /// The offset as saved last.
@@ -176,6 +208,7 @@ impl OffsetLog {
         self.write(OffsetRecord {
             replaces: full,
             seqs,
+            resets: self.resets,
         })
         .await?;
         self.saved = offset.clone();
@@ -196,8 +229,9 @@ impl OffsetLog {
         Ok(())
     }
 
-    /// Replaces the offset with `offset` (a reset by an operator).
-    pub async fn replace(&mut self, offset: &SliceOffset) -> Result<(), OffsetError> {
+    /// Replaces the offset with `offset`, recording that `resets` resets are applied (an
+    /// operator's reset: see [`crate::control`]).
+    pub async fn replace(&mut self, offset: &SliceOffset, resets: u64) -> Result<(), OffsetError> {
         let seqs = offset
             .iter()
             .map(|(pid, seq)| (pid.to_string(), seq))
@@ -205,10 +239,12 @@ impl OffsetLog {
         self.write(OffsetRecord {
             replaces: true,
             seqs,
+            resets,
         })
         .await?;
         self.saved = offset.clone();
         self.saves_since_full = 0;
+        self.resets = resets;
         Ok(())
     }
 
@@ -231,7 +267,7 @@ impl OffsetLog {
             events: vec![NewEvent {
                 sequence_nr: self.highest + 1,
                 timestamp_ms,
-                manifest: Manifest::new(OFFSET_RECORD_MANIFEST, 1),
+                manifest: Manifest::new(OFFSET_RECORD_MANIFEST, OFFSET_RECORD_VERSION),
                 payload: Bytes::from(payload),
                 tags: Vec::new(),
             }],
@@ -285,8 +321,10 @@ mod tests {
             .unwrap();
         let mut reset = SliceOffset::start();
         reset.advance("account|1", 2);
-        log.replace(&reset).await.unwrap();
-        let (_, reopened) = OffsetLog::open(journal, id, "w".into()).await.unwrap();
+        log.replace(&reset, 3).await.unwrap();
+        log.save(&reset).await.unwrap();
+        let (log, reopened) = OffsetLog::open(journal, id, "w".into()).await.unwrap();
         assert_eq!(reopened, reset);
+        assert_eq!(log.resets(), 3, "the resets applied survive the reopen");
     }
 }

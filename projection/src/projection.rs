@@ -1,6 +1,7 @@
 //! A projection as a service registers it: a name, an entity type, a number of instances,
 //! a handler and settings; and the same with its Rust type erased, as the node runs it.
 
+use crate::control::ControlState;
 use crate::envelope::Envelope;
 use crate::exactly_once::{ExactlyOnceStore, OffsetCommit};
 use crate::handler::{HandlerError, Handling};
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use tessera_daemon::DaemonContext;
 use tessera_entities::EntityType;
 use tessera_persistence::ReplicatedJournal;
+use tokio::sync::watch;
 
 /// A projection of entity type `E`'s events.
 ///
@@ -121,6 +123,16 @@ impl<E: EntityType> Projection<E> {
     }
 }
 
+/// What a node gives a projection's instances.
+pub struct NodeServices {
+    pub journal: Arc<ReplicatedJournal>,
+    pub statuses: ProjectionStatuses,
+    /// Names the node (in offset log writer ids).
+    pub node: String,
+    /// The projection's control, as this node follows it.
+    pub control: watch::Receiver<ControlState>,
+}
+
 /// A projection with its entity type erased, as the node runs it.
 pub trait ProjectionRun: Send + Sync + 'static {
     fn name(&self) -> &str;
@@ -128,14 +140,8 @@ pub trait ProjectionRun: Send + Sync + 'static {
     fn instances(&self) -> u32;
     /// Checks its name, instances and settings.
     fn validate(&self) -> Result<(), InvalidProjection>;
-    /// One run of the instance `context` names.
-    fn run(
-        &self,
-        context: DaemonContext,
-        journal: Arc<ReplicatedJournal>,
-        statuses: ProjectionStatuses,
-        node: String,
-    ) -> BoxFuture<'static, ()>;
+    /// Runs the instance `context` names on this node until it stops or fails.
+    fn run(&self, context: DaemonContext, node: NodeServices) -> BoxFuture<'static, ()>;
 }
 
 impl<E: EntityType> ProjectionRun for Projection<E> {
@@ -177,21 +183,16 @@ impl<E: EntityType> ProjectionRun for Projection<E> {
         self.settings.validate(&self.name)
     }
 
-    fn run(
-        &self,
-        context: DaemonContext,
-        journal: Arc<ReplicatedJournal>,
-        statuses: ProjectionStatuses,
-        node: String,
-    ) -> BoxFuture<'static, ()> {
+    fn run(&self, context: DaemonContext, node: NodeServices) -> BoxFuture<'static, ()> {
         let setup = InstanceSetup {
             name: self.name.as_str().into(),
             entity: self.entity.clone(),
             handling: self.handling.clone(),
             settings: self.settings.clone(),
-            journal,
-            statuses,
-            node,
+            journal: node.journal,
+            statuses: node.statuses,
+            node: node.node,
+            control: node.control,
         };
         run(setup, context).boxed()
     }

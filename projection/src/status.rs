@@ -1,12 +1,12 @@
 //! What each projection instance running on this node did and where it is, for operators
 //! (`GET /projections`) and metrics.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 /// Where one instance's run is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
     /// Taking its offset log over and reading its offset.
@@ -15,12 +15,14 @@ pub enum RunState {
     Running,
     /// Waiting before retrying a failed handler.
     Retrying,
+    /// Paused by an operator: waiting to be resumed.
+    Paused,
     /// Ended (told to stop, or failed); a new run starts at the next keep-alive.
     Stopped,
 }
 
 /// One instance of a projection on this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceStatus {
     pub projection: String,
     pub entity_type: String,
@@ -45,8 +47,14 @@ pub struct InstanceStatus {
     /// in all, as far as the offset knows).
     pub offset_logs: u64,
     pub offset_events: u64,
-    /// Milliseconds from the last handled event's write to its handling.
+    /// Milliseconds from the last handled event's write to its handling; 0 once the
+    /// instance caught up.
     pub lag_ms: Option<u64>,
+    /// Acknowledged events of its slices not handled yet, as far as its query knows (the
+    /// members' acknowledged marks, polled every 100 ms).
+    pub lag_events: Option<u64>,
+    /// The operators' resets this instance applied to its offset.
+    pub resets_applied: u64,
     /// The last error, handler's or journal's.
     pub last_error: Option<String>,
 }
@@ -76,6 +84,8 @@ impl InstanceStatus {
             offset_logs: 0,
             offset_events: 0,
             lag_ms: None,
+            lag_events: None,
+            resets_applied: 0,
             last_error: None,
         }
     }

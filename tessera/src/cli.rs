@@ -57,6 +57,10 @@ pub enum Command {
     /// Send a JSON command to an entity and print its reply.
     #[command(after_help = CLIENT_AFTER_HELP)]
     Entity(EntityArgs),
+    /// List the projections (instances, nodes, offsets, lag), or pause, resume or reset one:
+    /// tessera projections pause balances
+    #[command(after_help = CLIENT_AFTER_HELP)]
+    Projections(ProjectionsArgs),
 }
 
 /// Runs an operator's command with the service's entity types (`builder`): `node` starts a
@@ -208,6 +212,23 @@ pub struct ShardsArgs {
     pub client: ClientArgs,
 }
 
+/// `tessera projections [ACTION NAME]`.
+#[derive(Debug, Args)]
+pub struct ProjectionsArgs {
+    /// list (the default), pause, resume or reset (reset only while paused)
+    #[arg(
+        value_name = "ACTION",
+        default_value = "list",
+        value_parser = ["list", "pause", "resume", "reset"]
+    )]
+    pub action: String,
+    /// The projection to pause, resume or reset
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 /// `tessera entity TYPE ID JSON`.
 #[derive(Debug, Args)]
 pub struct EntityArgs {
@@ -274,6 +295,16 @@ impl Command {
             Command::Leave(a) => (C::Leave(a.address.clone()), &a.client),
             Command::Down(a) => (C::Down(a.address.clone()), &a.client),
             Command::Shards(a) => (C::Shards(a.entity_type.clone()), &a.client),
+            Command::Projections(a) => (
+                match a.action.as_str() {
+                    "list" => C::Projections,
+                    action => C::ProjectionControl {
+                        operation: action.to_string(),
+                        name: a.name.clone(),
+                    },
+                },
+                &a.client,
+            ),
             Command::Entity(a) => (
                 C::Entity {
                     entity_type: a.entity_type.clone(),

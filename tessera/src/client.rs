@@ -59,6 +59,13 @@ pub enum ClientCommand {
         key: String,
         consistency: Option<String>,
     },
+    /// Every projection's instances, nodes, offsets and lag.
+    Projections,
+    /// Pauses, resumes or resets (`operation`) a projection.
+    ProjectionControl {
+        operation: String,
+        name: Option<String>,
+    },
     /// Sends a JSON command to an entity.
     Entity {
         entity_type: String,
@@ -193,6 +200,20 @@ pub async fn run(command: &ClientCommand, options: &ClientOptions) -> Result<Str
             )
             .await?
         }
+        ClientCommand::Projections => call(Method::GET, "/projections".into(), None).await?,
+        ClientCommand::ProjectionControl { operation, name } => {
+            let Some(name) = name else {
+                return Err(ClientError::Usage(format!(
+                    "tessera projections {operation} needs the projection's NAME"
+                )));
+            };
+            call(
+                Method::POST,
+                format!("/projections/{}/{}", encode(name), encode(operation)),
+                None,
+            )
+            .await?
+        }
         ClientCommand::Entity {
             entity_type,
             id,
@@ -214,7 +235,11 @@ pub async fn run(command: &ClientCommand, options: &ClientOptions) -> Result<Str
     Ok(match command {
         ClientCommand::Members => members_table(&answer)?,
         ClientCommand::Shards(_) => shards_table(&answer)?,
-        ClientCommand::Join(_) | ClientCommand::Leave(_) | ClientCommand::Down(_) => answer
+        ClientCommand::Projections => projections_table(&answer)?,
+        ClientCommand::Join(_)
+        | ClientCommand::Leave(_)
+        | ClientCommand::Down(_)
+        | ClientCommand::ProjectionControl { .. } => answer
             .get("message")
             .and_then(Value::as_str)
             .map(str::to_string)
@@ -492,9 +517,120 @@ fn shards_table(answer: &Value) -> Result<String, ClientError> {
     Ok(table(&["REGION", "SHARDS", "ENTITIES", ""], &rows))
 }
 
+/// One row per projection instance: where it runs, its state, offset and lag.
+fn projections_table(answer: &Value) -> Result<String, ClientError> {
+    let projections = field(answer, "projections")?
+        .as_array()
+        .ok_or_else(|| ClientError::BadAnswer("projections is not a list".into()))?;
+    let number = |value: Option<&Value>| match value {
+        Some(Value::Null) | None => "-".to_string(),
+        Some(value) => text(value),
+    };
+    let mut rows = Vec::new();
+    for projection in projections {
+        let name = projection.get("name").map(text).unwrap_or_default();
+        let paused = projection.get("paused").and_then(Value::as_bool) == Some(true);
+        for instance in projection
+            .get("instance_status")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let state = instance.get("state").map(text).unwrap_or_default();
+            rows.push(vec![
+                name.clone(),
+                format!(
+                    "{}/{}",
+                    number(instance.get("index")),
+                    number(projection.get("instances"))
+                ),
+                number(instance.get("node")),
+                if paused && state != "paused" {
+                    format!("{state} (pausing)")
+                } else {
+                    state
+                },
+                number(instance.get("offset_events")),
+                number(instance.get("handled")),
+                number(instance.get("lag_events")),
+                number(instance.get("lag_seconds")),
+                number(instance.get("handler_errors")),
+            ]);
+        }
+    }
+    for failed in answer
+        .get("failed")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        rows.push(vec![
+            format!(
+                "{} did not answer: {}",
+                failed.get("address").map(text).unwrap_or_default(),
+                failed.get("error").map(text).unwrap_or_default()
+            ),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+    }
+    Ok(table(
+        &[
+            "PROJECTION",
+            "INSTANCE",
+            "NODE",
+            "STATE",
+            "OFFSET",
+            "HANDLED",
+            "LAG",
+            "LAG_S",
+            "ERRORS",
+        ],
+        &rows,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn projections_render_one_row_per_instance_and_members_that_did_not_answer() {
+        let answer = serde_json::json!({
+            "projections": [{
+                "name": "balances", "instances": 2, "paused": true,
+                "instance_status": [
+                    {"index": 0, "node": "127.0.0.1:1", "state": "paused", "offset_events": 10,
+                     "handled": 12, "lag_events": 0, "lag_seconds": 0.0, "handler_errors": 0},
+                    {"index": 1, "node": null, "state": "unknown"}
+                ]
+            }],
+            "failed": [{"address": "127.0.0.1:3", "error": "timed out"}]
+        });
+        let table = projections_table(&answer).expect("table");
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "{table}");
+        assert!(lines[0].starts_with("PROJECTION"), "{table}");
+        assert!(
+            lines[1].contains("0/2") && lines[1].contains("paused"),
+            "{table}"
+        );
+        assert!(
+            lines[2].contains("1/2") && lines[2].contains("unknown (pausing)"),
+            "{table}"
+        );
+        assert!(
+            lines[3].contains("127.0.0.1:3 did not answer: timed out"),
+            "{table}"
+        );
+        assert!(projections_table(&serde_json::json!({})).is_err());
+    }
 
     #[test]
     fn members_render_as_a_table_with_the_leader_and_self_marked() {

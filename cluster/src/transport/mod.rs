@@ -82,6 +82,8 @@ pub mod services {
     pub const SINGLETON: ServiceId = 5;
     /// Cluster sharding: the coordinator, the regions and their shards.
     pub const SHARDING: ServiceId = 6;
+    /// Projections: a node's answer to what its projection instances do.
+    pub const PROJECTIONS: ServiceId = 7;
 }
 
 /// Which outbound queue a message waits in. A peer's writer always takes the next message from

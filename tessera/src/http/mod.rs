@@ -16,6 +16,7 @@ mod health;
 pub mod journal;
 mod members;
 mod metrics;
+pub mod projections;
 mod server;
 mod settings;
 pub mod sharding;

@@ -4,8 +4,10 @@
 use super::NodeError;
 use super::control::NodeControl;
 use super::daemons::DaemonRegistration;
+use super::projections::ClusterProjections;
 use super::queries::ShardedQueries;
 use super::registration::{Listener, LocalHost, Registration, TypedRegistration};
+use super::running::RegisteredProjection;
 use super::running::{Node, NodeHandle, NodeParts};
 use super::settings::{
     bootstrap_config, cluster_core_config, entity_config, http_settings, node_entity_budget,
@@ -32,7 +34,7 @@ use tessera_daemon::{DaemonContext, DaemonCount, DaemonHost, DaemonSettings, Kee
 use tessera_entities::{EntityLifecycle, EntityType};
 use tessera_journal::FsyncPolicy;
 use tessera_persistence::{Persistence, RocksReplicaStore};
-use tessera_projection::{ProjectionRun, ProjectionStatuses};
+use tessera_projection::{NodeServices, ProjectionControl, ProjectionRun, ProjectionStatuses};
 use tokio::sync::watch;
 
 /// Builds a service's own HTTP routes, given the running node (to ask its entities).
@@ -163,12 +165,21 @@ impl NodeBuilder {
             fixed_count: true,
             settings: DaemonSettings::default(),
             task: Arc::new(move |context, node: NodeHandle| {
-                let node_name = node.cluster().self_node().to_string();
+                let control = match node.projection_control(projection.name()) {
+                    Ok(control) => control.watch(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "a projection instance without its control");
+                        return Box::pin(futures::future::ready(()));
+                    }
+                };
                 projection.run(
                     context,
-                    node.replicated_journal().clone(),
-                    node.projection_statuses().clone(),
-                    node_name,
+                    NodeServices {
+                        journal: node.replicated_journal().clone(),
+                        statuses: node.projection_statuses().clone(),
+                        node: node.cluster().self_node().to_string(),
+                        control,
+                    },
                 )
             }),
         });
@@ -285,6 +296,10 @@ impl NodeBuilder {
         let mut ddata_settings = replicator_settings(config, remembering);
         if !self.daemons.is_empty() {
             let pattern = tessera_daemon::count::DURABLE_KEY_PATTERN.to_string();
+            ddata_settings.config.durable_keys.push(pattern);
+        }
+        if !self.projections.is_empty() {
+            let pattern = tessera_projection::control::DURABLE_KEY_PATTERN.to_string();
             ddata_settings.config.durable_keys.push(pattern);
         }
         let replicator =
@@ -444,6 +459,26 @@ impl NodeBuilder {
             .filter(|daemon| !daemon.fixed_count)
             .map(|daemon| (daemon.name.clone(), daemon.count.clone()))
             .collect();
+        let mut projection_controls = BTreeMap::new();
+        for projection in &self.projections {
+            let control = ProjectionControl::start(replicator.clone(), projection.name())
+                .await
+                .map_err(|source| NodeError::ProjectionControl {
+                    projection: projection.name().to_string(),
+                    source,
+                })?;
+            projection_controls.insert(
+                projection.name().to_string(),
+                RegisteredProjection {
+                    entity_type: projection.entity_type().to_string(),
+                    instances: projection.instances(),
+                    control,
+                },
+            );
+        }
+        let projection_statuses = ProjectionStatuses::default();
+        let projection_service =
+            super::projections::serve_statuses(&transport, projection_statuses.clone())?;
         let handle = NodeHandle::new(
             sharding.clone(),
             cluster.clone(),
@@ -451,7 +486,7 @@ impl NodeBuilder {
             http_address,
             daemon_counts,
             persistence.journal.clone(),
-            ProjectionStatuses::default(),
+            (projection_statuses, projection_controls),
         );
         let _ = handle_ready.send(Some(handle.clone()));
         let pingers = daemons
@@ -492,6 +527,10 @@ impl NodeBuilder {
             .merge(http::entities::router(json))
             .merge(http::sharding::router(queries))
             .merge(http::journal::router(persistence.journal.clone()))
+            .merge(http::projections::router(Arc::new(ClusterProjections {
+                handle: handle.clone(),
+                transport: transport.clone(),
+            })))
             .merge(crate::bootstrap::router(
                 cluster.watch(),
                 cluster.self_node().address.clone(),
@@ -546,6 +585,7 @@ impl NodeBuilder {
             journal,
             http_shutdown,
             http_task,
+            projection_service,
             bootstrap,
         }))
     }

@@ -12,13 +12,14 @@
 pub mod builder;
 mod control;
 mod daemons;
+mod projections;
 mod queries;
 mod registration;
 pub mod running;
 pub mod settings;
 
 pub use builder::{HTTP_LISTEN_BACKLOG, NodeBuilder};
-pub use running::{DaemonError, Node, NodeHandle};
+pub use running::{DaemonError, Node, NodeHandle, ProjectionError};
 pub use settings::KNOWN_STORES_FILE;
 
 use std::time::Duration;
@@ -87,6 +88,11 @@ pub enum NodeError {
         projection: String,
         entity_type: String,
         registered: Vec<String>,
+    },
+    #[error("projection {projection}: cannot follow its control in distributed data: {source}")]
+    ProjectionControl {
+        projection: String,
+        source: tessera_ddata::node::ReplicatorError,
     },
     #[error("cluster transport: {0}")]
     Transport(#[from] TransportError),

@@ -24,7 +24,7 @@ use tessera_entities::{EntityHost, EntityType};
 use tessera_journal::RocksJournal;
 use tessera_persistence::Persistence;
 use tessera_persistence::ReplicatedJournal;
-use tessera_projection::ProjectionStatuses;
+use tessera_projection::{ControlError, ControlState, ProjectionControl, ProjectionStatuses};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -40,9 +40,19 @@ struct HandleInner {
     daemons: BTreeMap<String, DaemonCount>,
     journal: Arc<ReplicatedJournal>,
     projections: ProjectionStatuses,
+    /// Each projection's entity type, instances and control, by name.
+    projection_controls: BTreeMap<String, RegisteredProjection>,
     cluster: ClusterHandle,
     cluster_address: Address,
     http_address: SocketAddr,
+}
+
+/// A projection registered on the node, as its handle knows it.
+#[derive(Clone)]
+pub(super) struct RegisteredProjection {
+    pub entity_type: String,
+    pub instances: u32,
+    pub control: ProjectionControl,
 }
 
 impl NodeHandle {
@@ -53,7 +63,10 @@ impl NodeHandle {
         http_address: SocketAddr,
         daemons: BTreeMap<String, DaemonCount>,
         journal: Arc<ReplicatedJournal>,
-        projections: ProjectionStatuses,
+        (projections, projection_controls): (
+            ProjectionStatuses,
+            BTreeMap<String, RegisteredProjection>,
+        ),
     ) -> Self {
         NodeHandle {
             inner: Arc::new(HandleInner {
@@ -61,6 +74,7 @@ impl NodeHandle {
                 daemons,
                 journal,
                 projections,
+                projection_controls,
                 cluster,
                 cluster_address,
                 http_address,
@@ -117,6 +131,60 @@ impl NodeHandle {
         &self.inner.projections
     }
 
+    /// The registered projections: name, entity type, instances and control, by name.
+    pub fn projections(&self) -> Vec<(String, String, u32, ControlState)> {
+        self.inner
+            .projection_controls
+            .iter()
+            .map(|(name, p)| {
+                (
+                    name.clone(),
+                    p.entity_type.clone(),
+                    p.instances,
+                    p.control.current(),
+                )
+            })
+            .collect()
+    }
+
+    /// Projection `name`'s control as this node follows it.
+    pub fn projection_control(&self, name: &str) -> Result<&ProjectionControl, ProjectionError> {
+        self.inner
+            .projection_controls
+            .get(name)
+            .map(|p| &p.control)
+            .ok_or_else(|| ProjectionError::Unknown {
+                name: name.to_string(),
+                known: self.inner.projection_controls.keys().cloned().collect(),
+            })
+    }
+
+    /// Pauses projection `name` on every node: each instance saves its offset and handles
+    /// nothing until resumed.
+    pub async fn pause_projection(&self, name: &str) -> Result<(), ProjectionError> {
+        Ok(self
+            .projection_control(name)?
+            .set_paused(true, PROJECTION_CONTROL_WRITE_TIMEOUT)
+            .await?)
+    }
+
+    /// Resumes projection `name` on every node.
+    pub async fn resume_projection(&self, name: &str) -> Result<(), ProjectionError> {
+        Ok(self
+            .projection_control(name)?
+            .set_paused(false, PROJECTION_CONTROL_WRITE_TIMEOUT)
+            .await?)
+    }
+
+    /// Resets projection `name`'s offset to the beginning of every log, applied by each
+    /// instance when resumed. Refused unless the projection is paused.
+    pub async fn reset_projection(&self, name: &str) -> Result<(), ProjectionError> {
+        Ok(self
+            .projection_control(name)?
+            .reset(PROJECTION_CONTROL_WRITE_TIMEOUT)
+            .await?)
+    }
+
     /// The number of instances of daemon `name` as this node knows it now.
     pub fn daemon_count(&self, name: &str) -> Result<u32, DaemonError> {
         Ok(self.daemon(name)?.current())
@@ -148,6 +216,18 @@ impl NodeHandle {
     }
 }
 
+/// How long a pause, resume or reset may take to reach a majority.
+pub const PROJECTION_CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a projection was not paused, resumed or reset.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProjectionError {
+    #[error("no projection {name:?} is registered on this node (projections: {known:?})")]
+    Unknown { name: String, known: Vec<String> },
+    #[error(transparent)]
+    Control(#[from] ControlError),
+}
+
 /// How long a new daemon count may take to reach a majority.
 pub const DAEMON_COUNT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -176,6 +256,8 @@ pub(super) struct NodeParts {
     pub journal: Arc<RocksJournal>,
     pub http_shutdown: watch::Sender<bool>,
     pub http_task: JoinHandle<()>,
+    /// Answers the members' questions about this node's projection instances.
+    pub projection_service: JoinHandle<()>,
     pub bootstrap: Option<JoinHandle<Result<(), BootstrapError>>>,
 }
 
@@ -203,6 +285,7 @@ pub struct Node {
     journal: Arc<RocksJournal>,
     http_shutdown: watch::Sender<bool>,
     http_task: JoinHandle<()>,
+    projection_service: JoinHandle<()>,
     bootstrap: Option<JoinHandle<Result<(), BootstrapError>>>,
 }
 
@@ -223,6 +306,7 @@ impl Node {
             journal: parts.journal,
             http_shutdown: parts.http_shutdown,
             http_task: parts.http_task,
+            projection_service: parts.projection_service,
             bootstrap: parts.bootstrap,
         }
     }
@@ -395,10 +479,12 @@ impl Node {
             singletons,
             journal,
             http_task,
+            projection_service,
             bootstrap,
             ..
         } = self;
         let _ = http_task.await;
+        projection_service.abort();
         if let Some(bootstrap) = bootstrap {
             bootstrap.abort();
             let _ = bootstrap.await;

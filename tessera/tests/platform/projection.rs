@@ -40,7 +40,7 @@ fn builder(handled: &Handled) -> NodeBuilder {
 
 /// Deposits 1 to random accounts through `node` until `stop`; the balances acknowledged
 /// name the events that must be handled (balance `b` is the account's event `b`).
-async fn deposits(node: tessera::NodeHandle, stop: Arc<AtomicBool>) -> Vec<(String, u64)> {
+pub async fn deposits(node: tessera::NodeHandle, stop: Arc<AtomicBool>) -> Vec<(String, u64)> {
     let mut acknowledged = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let account = format!("acct-{}", rand::random::<u32>() as usize % ACCOUNTS);
@@ -58,7 +58,7 @@ async fn deposits(node: tessera::NodeHandle, stop: Arc<AtomicBool>) -> Vec<(Stri
 }
 
 /// The acknowledged events of every account, read by slice from `node`.
-async fn journal_events(node: &Node) -> BTreeSet<(String, u64)> {
+pub async fn journal_events(node: &Node) -> BTreeSet<(String, u64)> {
     let mut items = node.persistence.journal.events_by_slices(
         "account",
         SliceRange::ALL,
