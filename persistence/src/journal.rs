@@ -421,6 +421,16 @@ impl ReplicatedJournal {
         write: AtomicWrite,
         epoch: Epoch,
     ) -> BoxFuture<'static, Result<(), JournalError>> {
+        self.append_by(write, Some(epoch))
+    }
+
+    /// An append through this node's writer of the log; with `writer`, only by the writer
+    /// serving with that epoch.
+    fn append_by(
+        &self,
+        write: AtomicWrite,
+        writer: Option<Epoch>,
+    ) -> BoxFuture<'static, Result<(), JournalError>> {
         if let Err(e) = validate_write(&write, self.max_write_bytes) {
             return futures::future::ready(Err(e)).boxed();
         }
@@ -429,7 +439,7 @@ impl ReplicatedJournal {
             writers
                 .ask(|reply| Command::Append {
                     write,
-                    writer: Some(epoch),
+                    writer,
                     reply,
                 })
                 .await
@@ -559,20 +569,7 @@ fn remote_replay(
 
 impl Journal for ReplicatedJournal {
     fn append(&self, write: AtomicWrite) -> BoxFuture<'static, Result<(), JournalError>> {
-        if let Err(e) = validate_write(&write, self.max_write_bytes) {
-            return futures::future::ready(Err(e)).boxed();
-        }
-        let writers = self.writers.clone();
-        async move {
-            writers
-                .ask(|reply| Command::Append {
-                    write,
-                    writer: None,
-                    reply,
-                })
-                .await
-        }
-        .boxed()
+        self.append_by(write, None)
     }
 
     fn replay(

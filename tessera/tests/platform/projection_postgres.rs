@@ -79,8 +79,9 @@ async fn read_model(pool: &Pool) -> Vec<(String, u64)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exactly_once_read_model_holds_each_event_once_through_a_node_kill() {
+/// A server of the test's own with the offset tables and the read model made, the store
+/// of offsets over it, and a pool for the handlers.
+async fn database() -> (PostgresServer, PostgresOffsets, Pool) {
     let server = PostgresServer::start().await.expect("PostgreSQL starts");
     let offsets = PostgresOffsets::connect(&server.connection_string())
         .await
@@ -93,6 +94,12 @@ async fn an_exactly_once_read_model_holds_each_event_once_through_a_node_kill() 
         .batch_execute(CREATE_READ_MODEL)
         .await
         .unwrap();
+    (server, offsets, pool)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exactly_once_read_model_holds_each_event_once_through_a_node_kill() {
+    let (_server, offsets, pool) = database().await;
 
     let dir = tempfile::tempdir().unwrap();
     let (mut nodes, _) = cluster::start(dir.path(), 3, || builder(&offsets, &pool)).await;
@@ -171,18 +178,7 @@ async fn an_exactly_once_read_model_holds_each_event_once_through_a_node_kill() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_with_the_fence_of_a_replaced_instance_is_refused() {
-    let server = PostgresServer::start().await.expect("PostgreSQL starts");
-    let offsets = PostgresOffsets::connect(&server.connection_string())
-        .await
-        .unwrap();
-    offsets.create_tables().await.unwrap();
-    let pool = pool(&server);
-    pool.get()
-        .await
-        .unwrap()
-        .batch_execute(CREATE_READ_MODEL)
-        .await
-        .unwrap();
+    let (_server, offsets, pool) = database().await;
     let key = InstanceKey {
         projection: "model".into(),
         index: 0,
