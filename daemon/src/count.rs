@@ -7,9 +7,8 @@
 use crate::settings::{MAX_COUNT, validate_count};
 use std::time::Duration;
 use tessera_ddata::consistency::WriteConsistency;
-use tessera_ddata::lww_register::{LWWRegister, next_timestamp};
 use tessera_ddata::node::{ReplicatorError, ReplicatorHandle};
-use tessera_ddata::replicator::UpdateResult;
+use tessera_ddata::replicator::{UpdateResult, set_register};
 use tessera_ddata::value::ReplicatedValue;
 use tokio::sync::watch;
 
@@ -98,23 +97,7 @@ impl DaemonCount {
                 &count_key(&self.name),
                 WriteConsistency::Majority { min_cap: 0 },
                 timeout,
-                move |current, context| {
-                    let value = count.to_string();
-                    let register = match current {
-                        None => {
-                            LWWRegister::new(context.self_node.clone(), value, context.now_wall_ms)
-                        }
-                        Some(ReplicatedValue::LWWRegister(mut register)) => {
-                            let at = next_timestamp(register.timestamp_ms(), context.now_wall_ms);
-                            register.set(context.self_node, value, at);
-                            register
-                        }
-                        Some(other) => {
-                            return Err(format!("the key holds a {:?}", other.kind()));
-                        }
-                    };
-                    Ok(ReplicatedValue::LWWRegister(register))
-                },
+                move |current, context| set_register(current, context, count.to_string()),
             )
             .await
             .map_err(|e| not_written(e.to_string()))?;

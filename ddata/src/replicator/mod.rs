@@ -140,6 +140,27 @@ pub struct UpdateContext<'a> {
     pub now_wall_ms: u64,
 }
 
+/// The update of a key holding a string register: `value` set over the current one (a new
+/// register for a new key), timestamped after it. Refused when the key holds another kind.
+pub fn set_register(
+    current: Option<crate::value::ReplicatedValue>,
+    context: &UpdateContext<'_>,
+    value: String,
+) -> Result<crate::value::ReplicatedValue, String> {
+    use crate::lww_register::{LWWRegister, next_timestamp};
+    use crate::value::ReplicatedValue;
+    let register = match current {
+        None => LWWRegister::new(context.self_node.clone(), value, context.now_wall_ms),
+        Some(ReplicatedValue::LWWRegister(mut register)) => {
+            let at = next_timestamp(register.timestamp_ms(), context.now_wall_ms);
+            register.set(context.self_node, value, at);
+            register
+        }
+        Some(other) => return Err(format!("the key holds a {:?}", other.kind())),
+    };
+    Ok(ReplicatedValue::LWWRegister(register))
+}
+
 /// Computes the new value of a key from its current one (`None` for a new key). An `Err`
 /// refuses the update with that message; nothing changes.
 pub type Modify = Box<
