@@ -1,8 +1,9 @@
 //! The `tessera` binary: the operator's command line of a service whose one entity type is the
-//! `account` example (`node` runs a cluster node, `sharding` maintains a stopped node's
-//! sharding data, and the client commands `members`, `join`, `leave`, `down`, `shards`,
-//! `ddata` and `entity` talk to a running node), and the project's own tools: `demo` the main
-//! job, `soak` the nemesis soak, `bench` the benchmarks.
+//! `account` example, with its read models in PostgreSQL when one is configured (`node` runs a
+//! cluster node, `sharding` maintains a stopped node's sharding data, and the client commands
+//! `members`, `join`, `leave`, `down`, `shards`, `ddata`, `entity` and `projections` talk to a
+//! running node), and the project's own tools: `demo` the main job, `soak` the nemesis soak,
+//! `bench` the benchmarks.
 
 mod cli;
 
@@ -15,9 +16,10 @@ use tessera_benches::args::BenchCommand;
 use tessera_example_account::Account;
 
 /// The `tessera` binary's service: the `account` example entity type, registered the way any
-/// service registers its types.
-fn service() -> NodeBuilder {
-    NodeBuilder::new().entity(Account)
+/// service registers its types, and its projections into PostgreSQL when
+/// `ACCOUNT_PROJECTIONS_POSTGRES` names a database.
+fn service() -> Result<NodeBuilder, String> {
+    tessera_example_account::projections::register(NodeBuilder::new().entity(Account))
 }
 
 fn main() -> ExitCode {
@@ -37,7 +39,13 @@ fn main() -> ExitCode {
 
 async fn run(cli: ToolCli) -> ExitCode {
     match cli.command {
-        Command::Operator(command) => tessera::cli::run(service(), command).await,
+        Command::Operator(command) => match service() {
+            Ok(service) => tessera::cli::run(service, command).await,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Demo(args) => {
             let _ = logging::init(LogFormat::Text, "warn");
             match tessera_harness::demo::run(args.nodes).await {
@@ -162,6 +170,25 @@ async fn run(cli: ToolCli) -> ExitCode {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: bench entities failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Bench(BenchCommand::Projections(args)) => {
+            let _ = logging::init(LogFormat::Text, "warn");
+            let dir = args.dir.unwrap_or_else(|| {
+                std::env::temp_dir()
+                    .join(format!("tessera-bench-projections-{}", std::process::id()))
+            });
+            let params = if args.quick {
+                tessera_benches::projections::ProjectionsBenchParams::quick(dir)
+            } else {
+                tessera_benches::projections::ProjectionsBenchParams::full(dir)
+            };
+            match tessera_benches::projections::run(params, args.json).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: bench projections failed: {e}");
                     ExitCode::FAILURE
                 }
             }

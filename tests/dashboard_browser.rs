@@ -2,7 +2,8 @@
 //! processes; the page at node 1 shows the three members up with their shards; node 3 is
 //! SIGKILLed and, on the same page (never reloaded: the point is the live event stream), its
 //! row turns unreachable, then removed (or disappears) once the split-brain resolver downs it
-//! and the cluster removes it.
+//! and the cluster removes it. The projections panel shows the account example's two
+//! projections (into a PostgreSQL server of the test's own) with every instance running.
 //!
 //! Chromium is driven over WebDriver by Debian's `chromedriver`; where `chromium` or
 //! `chromedriver` is missing (`scripts/ensure-deps.sh` installs both as root) the test says so
@@ -19,7 +20,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use tessera_example_account::projections::{INSTANCES, POSTGRES_ENV};
 use tessera_harness::demo::{self, NodeProcess};
+use tessera_harness::postgres::PostgresServer;
 use tokio::process::{Child, Command};
 
 /// Longest wait for anything the page should show.
@@ -45,6 +48,14 @@ const READ_MEMBERS: &str = r#"
     }));
 "#;
 
+/// The projections' instance tables: [projection, index, node, state] per instance.
+const READ_PROJECTIONS: &str = r#"
+    return [...document.querySelectorAll('[data-projection] tbody tr')].map((row) => [
+        row.closest('[data-projection]').dataset.projection,
+        ...[...row.cells].slice(0, 3).map((cell) => cell.textContent),
+    ]);
+"#;
+
 /// The sharding table of `account`: one object per node.
 const READ_SHARDS: &str = r#"
     return [...document.querySelectorAll('[data-type="account"] tbody tr[data-address]')]
@@ -59,10 +70,11 @@ async fn dashboard_shows_members_live_through_a_kill_and_a_removal() {
     let _serial = one_at_a_time().await;
     let started = Instant::now();
     let dir = test_dir();
+    let database = PostgresServer::start().await.expect("PostgreSQL starts");
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let mut nodes = Vec::new();
     for i in 0..3 {
-        nodes.push(spawn(i, &ports, dir.path()).await);
+        nodes.push(spawn(i, &ports, dir.path(), &database).await);
     }
     wait_up(&nodes.iter().collect::<Vec<_>>(), 3).await;
     deposit(&nodes).await;
@@ -95,6 +107,19 @@ async fn dashboard_shows_members_live_through_a_kill_and_a_removal() {
         shards.len() == 3 && live == ACCOUNTS
     })
     .await;
+    let start = Instant::now();
+    loop {
+        let rows = read_rows(&page, READ_PROJECTIONS).await;
+        if rows.len() == 2 * INSTANCES as usize && rows.iter().all(|r| r[3] == "running") {
+            println!("page: every projection instance running: {rows:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < PAGE_WAIT,
+            "page: the projections' instances not all running: {rows:?}"
+        );
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
     if let Some(path) = std::env::var_os(SCREENSHOT_VAR) {
         let path = PathBuf::from(path);
         if let Some(parent) = path.parent() {
@@ -148,15 +173,15 @@ async fn dashboard_shows_members_live_through_a_kill_and_a_removal() {
     println!("dashboard test: {:.1}s", started.elapsed().as_secs_f64());
 }
 
-async fn spawn(i: usize, ports: &[u16], dir: &Path) -> NodeProcess {
-    demo::spawn_node(
-        exe(),
-        i + 1,
-        &common::all_seeds_args(i, ports, dir, &QUICK),
-        dir.join(format!("n{i}.log")),
-    )
-    .await
-    .expect("node starts")
+async fn spawn(i: usize, ports: &[u16], dir: &Path, database: &PostgresServer) -> NodeProcess {
+    let mut command = Command::new(exe());
+    command
+        .arg("node")
+        .args(common::all_seeds_args(i, ports, dir, &QUICK))
+        .env(POSTGRES_ENV, database.connection_string());
+    demo::spawn_command(command, i + 1, dir.join(format!("n{i}.log")))
+        .await
+        .expect("node starts")
 }
 
 /// One deposit into each of [`ACCOUNTS`] accounts, through the nodes in turn, each retried

@@ -16,6 +16,24 @@ pub enum BenchCommand {
     Entities(BenchEntitiesArgs),
     /// Sharded asks against the entity host asked directly, and coordinator failover time.
     Sharding(BenchShardingArgs),
+    /// Projections on 3 nodes while deposits go on, and a catch-up from offset zero, against
+    /// the local journal's replay of the same events.
+    Projections(BenchProjectionsArgs),
+}
+
+/// Flags of `tessera bench projections`.
+#[derive(Debug, Args)]
+pub struct BenchProjectionsArgs {
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// 3 s of deposits and a catch-up over 100,000 events (instead of 10 s and 1,000,000).
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for the nodes' data (created, then removed) [default: a fresh directory in
+    /// the system temp dir].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 /// Flags of `tessera bench ddata`.

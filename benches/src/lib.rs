@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod ddata;
 pub mod entities;
 pub mod journal;
+pub mod projections;
 pub mod replicated;
 pub mod sharding;
 

@@ -386,6 +386,27 @@ async fn start_cluster(
     stable_after: Duration,
     rebalance_interval: Duration,
 ) -> Result<Vec<RunningNode>, ShardingBenchError> {
+    let service = || NodeBuilder::new().entity(Account).fsync(fsync);
+    start_nodes(
+        dir,
+        size,
+        &service,
+        state_store_mode,
+        stable_after,
+        rebalance_interval,
+    )
+    .await
+}
+
+/// [`start_cluster`] of nodes of the service `service` makes.
+pub(crate) async fn start_nodes(
+    dir: &Path,
+    size: usize,
+    service: &dyn Fn() -> NodeBuilder,
+    state_store_mode: StateStoreMode,
+    stable_after: Duration,
+    rebalance_interval: Duration,
+) -> Result<Vec<RunningNode>, ShardingBenchError> {
     let secret = ClusterSecret::new(format!("bench-{}", rand::random::<u64>()));
     let mut nodes: Vec<RunningNode> = Vec::with_capacity(size);
     for index in 0..size {
@@ -407,12 +428,7 @@ async fn start_cluster(
             rebalance_interval,
             ..NodeConfig::default()
         };
-        let node = match NodeBuilder::new()
-            .entity(Account)
-            .fsync(fsync)
-            .start(&config)
-            .await
-        {
+        let node = match service().start(&config).await {
             Ok(node) => node,
             Err(source) => {
                 stop_cluster(nodes).await;
@@ -459,7 +475,7 @@ async fn start_cluster(
 }
 
 /// Stops every node at once, without handing shards off (the run is over).
-async fn stop_cluster(nodes: Vec<RunningNode>) {
+pub(crate) async fn stop_cluster(nodes: Vec<RunningNode>) {
     futures::future::join_all(nodes.into_iter().map(RunningNode::kill)).await;
 }
 

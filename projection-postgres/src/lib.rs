@@ -19,8 +19,15 @@
 //! and goes on only if the row still holds its own fence; so a commit of the instance before
 //! is either committed before the successor's fence was written — and the successor reads its
 //! offset — or sees the successor's fence and is refused, its effect rolled back with it.
+//! An instance paused inside its transaction holds the slot's row lock: the pool's sessions
+//! end a transaction idle for 5 s, so its successor waits at most that long.
+//!
+//! Why no group is applied twice: a commit also moves each of the group's logs' offsets
+//! forward, and is refused when one does not move — the group was committed already, by a
+//! commit whose answer was lost and which the instance retried.
 
 mod offsets;
 
-pub use offsets::{CommitError, PostgresOffsets, PostgresOffsetsError, commit_offsets};
+pub use deadpool_postgres::Pool;
+pub use offsets::{CommitError, PostgresOffsets, PostgresOffsetsError, commit_offsets, pool};
 pub use tessera_projection::{ExactlyOnceStore, Fence, InstanceKey, OffsetCommit};

@@ -1,12 +1,12 @@
 //! The fence and offset tables, and the commit a handler makes in its transaction.
 
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use std::sync::Arc;
 use tessera_journal::SliceOffset;
 use tessera_journal::slice::{SliceRange, slice_of};
 use tessera_projection::{ExactlyOnceStore, Fence, HandlerError, InstanceKey, OffsetCommit};
-use tokio_postgres::{Client, NoTls, Transaction};
+use tokio_postgres::{NoTls, Transaction};
 
 const CREATE_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS tessera_projection_fence (
@@ -96,8 +96,12 @@ pub enum PostgresOffsetsError {
         persistence_id: String,
         sequence_nr: i64,
     },
+    #[error("invalid PostgreSQL connection string: {0}")]
+    Config(String),
     #[error("PostgreSQL: {0}")]
     Database(#[from] tokio_postgres::Error),
+    #[error("PostgreSQL connection: {0}")]
+    Pool(#[from] PoolError),
 }
 
 /// Why a handler's commit was refused: its transaction must roll back.
@@ -120,6 +124,17 @@ pub enum CommitError {
         projection: String,
         persistence_id: String,
         sequence_nr: u64,
+    },
+    #[error(
+        "projection {projection} instance {slot}: {committed} of the group's {logs} logs already \
+         have this offset or a later one committed (a commit whose answer was lost, retried); \
+         nothing of this transaction may be committed, the instance reads its offset again"
+    )]
+    AlreadyCommitted {
+        projection: String,
+        slot: String,
+        logs: usize,
+        committed: usize,
     },
     #[error("PostgreSQL: {0}")]
     Database(#[from] tokio_postgres::Error),
@@ -149,33 +164,66 @@ fn fence_of(row: &tokio_postgres::Row) -> Fence {
     }
 }
 
+/// A pool of up to `max_connections` connections to the database `config` names (a libpq
+/// connection string or URL), without TLS. It connects on first use and replaces a broken
+/// connection, so a node starts while its database is down and its projections' instances
+/// go on once it is back.
+///
+/// Unless `config` sets `options`, its sessions end a transaction left idle for
+/// [`IDLE_TRANSACTION_TIMEOUT`]: an instance paused (or cut off) inside a commit holds its
+/// slot's row lock, and its successor can take the slot only once the server ended that
+/// transaction (rolling it back).
+pub fn pool(config: &str, max_connections: usize) -> Result<Pool, PostgresOffsetsError> {
+    let mut config: tokio_postgres::Config = config
+        .parse()
+        .map_err(|e: tokio_postgres::Error| PostgresOffsetsError::Config(e.to_string()))?;
+    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        return Err(PostgresOffsetsError::Config(
+            "it names no host (host=... or postgresql://host/...)".into(),
+        ));
+    }
+    if config.get_options().is_none() {
+        config.options(format!(
+            "-c idle_in_transaction_session_timeout={}",
+            IDLE_TRANSACTION_TIMEOUT.as_millis()
+        ));
+    }
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(max_connections.max(1))
+        .build()
+        .map_err(|e| PostgresOffsetsError::Config(e.to_string()))
+}
+
+/// How long a pooled session's transaction may stay idle before the server ends it.
+pub const IDLE_TRANSACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The exactly-once store of projections whose read models are in PostgreSQL.
 #[derive(Clone)]
 pub struct PostgresOffsets {
-    client: Arc<Client>,
+    pool: Pool,
 }
 
 impl PostgresOffsets {
-    /// Over a client of the handler's database (the offsets share its transactions).
-    pub fn new(client: Arc<Client>) -> Self {
-        PostgresOffsets { client }
+    /// Over a pool of the handler's database (the handler's transactions commit the offsets).
+    pub fn new(pool: Pool) -> Self {
+        PostgresOffsets { pool }
     }
 
-    /// Connects with `config` (a libpq connection string or URL), without TLS: its
-    /// connection runs on a task of its own until the client is dropped.
-    pub async fn connect(config: &str) -> Result<Self, PostgresOffsetsError> {
-        let (client, connection) = tokio_postgres::connect(config, NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "the projection offsets' PostgreSQL connection ended");
-            }
-        });
-        Ok(PostgresOffsets::new(Arc::new(client)))
+    /// The pool it takes its connections from.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// Creates the fence and offset tables where they are missing.
     pub async fn create_tables(&self) -> Result<(), PostgresOffsetsError> {
-        self.client.batch_execute(CREATE_TABLES).await?;
+        self.pool.get().await?.batch_execute(CREATE_TABLES).await?;
         Ok(())
     }
 
@@ -187,8 +235,8 @@ impl PostgresOffsets {
     ) -> Result<SliceOffset, PostgresOffsetsError> {
         let slot = instance.slot();
         let range = range_of(instance)?;
-        let taken = self
-            .client
+        let client = self.pool.get().await?;
+        let taken = client
             .execute(
                 TAKE_SLOT,
                 &[
@@ -200,8 +248,7 @@ impl PostgresOffsets {
             )
             .await?;
         if taken == 0 {
-            let held = self
-                .client
+            let held = client
                 .query_opt(HELD_FENCE, &[&instance.projection, &slot])
                 .await?
                 .map(|row| fence_of(&row));
@@ -214,8 +261,7 @@ impl PostgresOffsets {
         }
         // Read after the fence is written: a commit of an instance before either committed
         // already (and is read here) or will find this fence and be refused.
-        let rows = self
-            .client
+        let rows = client
             .query(
                 READ_OFFSETS,
                 &[
@@ -251,8 +297,8 @@ impl PostgresOffsets {
     ) -> Result<(), PostgresOffsetsError> {
         let range = range_of(instance)?;
         let slot = instance.slot();
-        let row = self
-            .client
+        let client = self.pool.get().await?;
+        let row = client
             .query_one(
                 FORGET_OFFSETS,
                 &[
@@ -266,8 +312,7 @@ impl PostgresOffsets {
             )
             .await?;
         if row.get::<_, i64>(0) == 0 {
-            let held = self
-                .client
+            let held = client
                 .query_opt(HELD_FENCE, &[&instance.projection, &slot])
                 .await?
                 .map(|row| fence_of(&row));
@@ -360,12 +405,24 @@ pub async fn commit_offsets(
         slices.push(i32::from(slice_of(persistence_id)));
         sequence_nrs.push(stored);
     }
-    transaction
+    let moved = transaction
         .execute(
             SAVE_OFFSETS,
             &[projection, &persistence_ids, &slices, &sequence_nrs],
         )
         .await?;
+    // A log whose offset did not move was committed already: the group is a retry of a
+    // commit that succeeded though its answer was lost, and applying its effect again would
+    // apply it twice.
+    let moved = usize::try_from(moved).unwrap_or(usize::MAX);
+    if moved < commit.seqs.len() {
+        return Err(CommitError::AlreadyCommitted {
+            projection: projection.clone(),
+            slot,
+            logs: commit.seqs.len(),
+            committed: commit.seqs.len() - moved,
+        });
+    }
     Ok(())
 }
 

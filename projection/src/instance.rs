@@ -393,6 +393,8 @@ impl<E: EntityType> Run<E> {
                         handler(envelopes, commit.clone())
                     })
                     .await?;
+                    // The handler committed the group's offset with its effect.
+                    self.status(|s| s.saves += 1);
                 }
             }
         }

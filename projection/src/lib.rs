@@ -37,7 +37,7 @@ pub use exactly_once::{ExactlyOnceStore, Fence, InstanceKey, OffsetCommit};
 pub use handler::HandlerError;
 pub use projection::{NodeServices, Projection, ProjectionRun};
 pub use settings::{FailureAction, InvalidProjection, ProjectionSettings};
-pub use status::{InstanceStatus, ProjectionStatuses};
+pub use status::{InstanceStatus, ProjectionStatuses, RunState};
 
 /// The daemon that runs projection `name`'s instances.
 pub fn daemon_name_of(name: &str) -> String {

@@ -45,6 +45,8 @@ pub use tessera_coordinator::host::{AskFailure, AskOutcome, FailureKind};
 pub use tessera_coordinator::{AskError, EntityRef};
 pub use tessera_daemon::{DaemonContext, DaemonSettings};
 pub use tessera_entities::{CodecError, Effect, EntityType, Manifest, Persist};
+pub use tessera_journal::SliceOffset;
 pub use tessera_projection::{
-    Envelope, FailureAction, HandlerError, Projection, ProjectionSettings,
+    Envelope, ExactlyOnceStore, FailureAction, Fence, HandlerError, InstanceKey, OffsetCommit,
+    Projection, ProjectionSettings,
 };

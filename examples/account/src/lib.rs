@@ -4,6 +4,11 @@
 //! Over HTTP: `{"deposit": n}`, `{"withdraw": n}` and `{"get": null}`, each answered with
 //! `{"balance": n}`; a withdrawal larger than the balance is rejected (409) and persists
 //! nothing.
+//!
+//! [`projections`]: the accounts' read models in PostgreSQL, one exactly once and one at
+//! least once.
+
+pub mod projections;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

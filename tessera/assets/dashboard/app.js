@@ -305,6 +305,63 @@ function renderSharding(types) {
   $('entity-types').replaceChildren(...blocks);
 }
 
+const orDash = (value) => (value === null || value === undefined ? '—' : String(value));
+
+// One table per projection: each instance with the node it runs on, its state, what it
+// handled and failed, and its lag (GET /projections).
+function renderProjections(listing) {
+  const blocks = listing.projections.map((projection) => {
+    const paused = projection.paused ? el('span', { class: 'pill status-leaving' }, 'paused') : '';
+    const lag = projection.lag_seconds === null ? '—' : `${projection.lag_seconds.toFixed(1)} s`;
+    const title = el(
+      'h3',
+      {},
+      `${projection.name} `,
+      el('span', { class: 'muted small' }, `${projection.entity_type}, ${projection.instances} instances, lag ${orDash(projection.lag_events)} events / ${lag} `),
+      paused,
+    );
+    const rows = projection.instance_status.map((instance) =>
+      el(
+        'tr',
+        { 'data-index': String(instance.index) },
+        el('td', { class: 'num' }, String(instance.index)),
+        el('td', { class: 'address' }, orDash(instance.node)),
+        el('td', {}, instance.state),
+        el('td', { class: 'num' }, orDash(instance.handled)),
+        el('td', { class: `num${instance.handler_errors > 0 ? ' bad' : ''}` }, orDash(instance.handler_errors)),
+        el('td', { class: 'num' }, orDash(instance.lag_events)),
+        el('td', { class: 'num' }, instance.lag_seconds === null || instance.lag_seconds === undefined ? '—' : instance.lag_seconds.toFixed(1)),
+      ),
+    );
+    const table = el(
+      'table',
+      { class: 'instances' },
+      el(
+        'thead',
+        {},
+        el(
+          'tr',
+          {},
+          el('th', { class: 'num' }, 'instance'),
+          el('th', {}, 'node'),
+          el('th', {}, 'state'),
+          el('th', { class: 'num' }, 'handled'),
+          el('th', { class: 'num' }, 'handler errors'),
+          el('th', { class: 'num' }, 'lag (events)'),
+          el('th', { class: 'num' }, 'lag (s)'),
+        ),
+      ),
+      el('tbody', {}, ...rows),
+    );
+    return el('div', { class: 'projection', 'data-projection': projection.name }, title, table);
+  });
+  for (const failed of listing.failed) {
+    blocks.push(el('p', { class: 'bad' }, `${failed.address}: no answer: ${failed.error}`));
+  }
+  if (blocks.length === 0) blocks.push(el('p', { class: 'muted' }, 'none registered'));
+  $('projection-list').replaceChildren(...blocks);
+}
+
 // --- periodic reads -------------------------------------------------------------------------
 
 let refreshing = false;
@@ -340,6 +397,7 @@ async function refresh() {
     }
     renderSharding(types);
     $('sharding-updated').textContent = `updated ${clock(new Date())}`;
+    renderProjections(await getJson('/projections'));
   } catch (error) {
     if (error instanceof Unauthorized) askForToken(error.message);
     else $('sharding-updated').textContent = `not updated: ${error.message}`;

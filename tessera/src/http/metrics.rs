@@ -26,6 +26,7 @@ use tessera_ddata::replicator::{Limit, Refusals};
 use tessera_entities::HostStats;
 use tessera_metrics::{LatencyFamily, LatencyHistogram};
 use tessera_persistence::PersistenceMetricsSnapshot;
+use tessera_projection::{InstanceStatus, RunState};
 
 /// Content type of the Prometheus text format.
 pub const PROMETHEUS_CONTENT_TYPE: &str =
@@ -117,6 +118,8 @@ pub struct NodeMetrics {
     pub ddata_refusals: Refusals,
     /// The HTTP API server's connections and refusals.
     pub http: HttpStatsSnapshot,
+    /// Each projection instance that ran on this node (since the process started).
+    pub projections: Vec<InstanceStatus>,
     /// Latency histograms, shared with the code that records them.
     pub latencies: Latencies,
 }
@@ -389,7 +392,8 @@ impl Collector for Scrape {
         self.encode_ddata(&mut out)?;
         self.encode_entities(&mut out)?;
         self.encode_journal(&mut out)?;
-        self.encode_sharding(&mut out)
+        self.encode_sharding(&mut out)?;
+        self.encode_projections(&mut out)
     }
 }
 
@@ -790,6 +794,98 @@ impl Scrape {
     }
 }
 
+impl Scrape {
+    /// Per instance of each projection that ran here (labels `projection` and `instance`):
+    /// its counters over every run on this node, and, while it runs here, its lag.
+    fn encode_projections(&self, out: &mut Families) -> fmt::Result {
+        let instances = &self.0.projections;
+        let indexes: Vec<String> = instances.iter().map(|i| i.index.to_string()).collect();
+        let labels = |i: usize| {
+            [
+                ("projection", instances[i].projection.as_str()),
+                ("instance", indexes[i].as_str()),
+            ]
+        };
+        let counters: [(&str, &str, ProjectionStat); 5] = [
+            (
+                "tessera_projection_envelopes_handled_total",
+                "Envelopes a projection instance's handler handled on this node (skipped ones \
+                 not included).",
+                |s| Some(s.handled),
+            ),
+            (
+                "tessera_projection_handler_errors_total",
+                "Handler calls of a projection instance that failed on this node (each retry \
+                 counts).",
+                |s| Some(s.handler_errors),
+            ),
+            (
+                "tessera_projection_envelopes_skipped_total",
+                "Envelopes a projection instance skipped after its handler's retries were spent.",
+                |s| Some(s.skipped),
+            ),
+            (
+                "tessera_projection_offset_saves_total",
+                "Offsets a projection instance saved (at-least-once) or groups whose offset its \
+                 handler committed (exactly-once) on this node.",
+                |s| Some(s.saves),
+            ),
+            (
+                "tessera_projection_offset_save_failures_total",
+                "Offset saves of a projection instance that failed on this node (the run ends; \
+                 the next starts from the offset saved last).",
+                |s| Some(s.save_failures),
+            ),
+        ];
+        let running_here = |s: &InstanceStatus| s.state != RunState::Stopped;
+        let gauges: [(&str, &str, ProjectionStat); 2] = [
+            (
+                "tessera_projection_instance_running",
+                "1 while a projection instance runs on this node (opening, handling, retrying \
+                 or paused), else 0.",
+                |s| Some(u64::from(s.state != RunState::Stopped)),
+            ),
+            (
+                "tessera_projection_lag_events",
+                "Acknowledged events of a projection instance's slices it has not handled yet, \
+                 while it runs on this node.",
+                |s| s.lag_events.filter(|_| s.state != RunState::Stopped),
+            ),
+        ];
+        for (kind, families) in [(Counter, &counters[..]), (Gauge, &gauges[..])] {
+            for (name, help, stat) in families {
+                let mut encoder = out.0.encode_descriptor(
+                    kind.registered_name(name),
+                    help,
+                    None,
+                    kind.metric_type(),
+                )?;
+                for (i, status) in instances.iter().enumerate() {
+                    if let Some(value) = stat(status) {
+                        kind.encode(value, encoder.encode_family(&labels(i))?)?;
+                    }
+                }
+            }
+        }
+        let mut encoder = out.0.encode_descriptor(
+            "tessera_projection_lag_seconds",
+            "How old the event a projection instance handled last was when it was handled (0 \
+             once it is caught up), while it runs on this node.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (i, status) in instances.iter().enumerate() {
+            if let Some(ms) = status.lag_ms.filter(|_| running_here(status)) {
+                ConstGauge::new(ms as f64 / 1000.0).encode(encoder.encode_family(&labels(i))?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One number of a projection instance's metrics, if it has one.
+type ProjectionStat = fn(&InstanceStatus) -> Option<u64>;
+
 /// One number of a type's sharding metrics.
 type ShardingStat = fn(&ShardingMetrics) -> u64;
 
@@ -883,7 +979,7 @@ mod tests {
 
     /// Every family `/metrics` carries: `TYPE family kind`, then the signature of each of its
     /// samples (name and labels, `le` without its value), with one entity type and one sharded
-    /// type, `account`. Dashboards and alerts name these: the list only ever grows.
+    /// type, `account`, and one running projection instance, `balances` 0. Dashboards and alerts name these: the list only ever grows.
     const SERIES: &str = r#"
 TYPE tessera_cluster_gossip_received_total counter
   tessera_cluster_gossip_received_total
@@ -1021,6 +1117,22 @@ TYPE tessera_journal_repaired_entries_total counter
   tessera_journal_repaired_entries_total
 TYPE tessera_journal_writers gauge
   tessera_journal_writers
+TYPE tessera_projection_envelopes_handled_total counter
+  tessera_projection_envelopes_handled_total{projection="balances",instance="0"}
+TYPE tessera_projection_envelopes_skipped_total counter
+  tessera_projection_envelopes_skipped_total{projection="balances",instance="0"}
+TYPE tessera_projection_handler_errors_total counter
+  tessera_projection_handler_errors_total{projection="balances",instance="0"}
+TYPE tessera_projection_instance_running gauge
+  tessera_projection_instance_running{projection="balances",instance="0"}
+TYPE tessera_projection_lag_events gauge
+  tessera_projection_lag_events{projection="balances",instance="0"}
+TYPE tessera_projection_lag_seconds gauge
+  tessera_projection_lag_seconds{projection="balances",instance="0"}
+TYPE tessera_projection_offset_save_failures_total counter
+  tessera_projection_offset_save_failures_total{projection="balances",instance="0"}
+TYPE tessera_projection_offset_saves_total counter
+  tessera_projection_offset_saves_total{projection="balances",instance="0"}
 TYPE tessera_sharding_buffered_messages gauge
   tessera_sharding_buffered_messages{type="account"}
 TYPE tessera_sharding_coordinator_handoffs_given_up_total counter
@@ -1184,6 +1296,12 @@ TYPE tessera_transport_sends_refused_too_many_peers_total counter
                 entity_asks: LatencyFamily::new("type", ["account"]),
                 ..Latencies::default()
             },
+            projections: vec![InstanceStatus {
+                state: RunState::Running,
+                lag_events: Some(3),
+                lag_ms: Some(1_500),
+                ..InstanceStatus::new("balances", "account", 0, 4, (0, 255))
+            }],
             ..NodeMetrics::default()
         };
         let rendered = listed(&families(&render_prometheus(&metrics)));

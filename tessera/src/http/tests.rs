@@ -496,7 +496,7 @@ fn every_metric_has_help_and_type_and_one_sample_per_label() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    assert_eq!(names.len(), 79);
+    assert_eq!(names.len(), 87);
     for name in &names {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         assert!(name.starts_with("tessera_"), "{name}");

@@ -486,7 +486,7 @@ impl NodeBuilder {
             http_address,
             daemon_counts,
             persistence.journal.clone(),
-            (projection_statuses, projection_controls),
+            (projection_statuses.clone(), projection_controls),
         );
         let _ = handle_ready.send(Some(handle.clone()));
         let pingers = daemons
@@ -516,6 +516,7 @@ impl NodeBuilder {
             http_stats: http_server.stats(),
             journal: journal.clone(),
             entity_asks: json.ask_durations().clone(),
+            projections: projection_statuses,
         });
         let queries = Arc::new(ShardedQueries {
             sharding: sharding.clone(),

@@ -14,6 +14,7 @@ use tessera_ddata::node::ReplicatorHandle;
 use tessera_journal::RocksJournal;
 use tessera_metrics::LatencyFamily;
 use tessera_persistence::Persistence;
+use tessera_projection::ProjectionStatuses;
 
 /// [`ClusterControl`] for the real cluster.
 pub(super) struct NodeControl {
@@ -29,6 +30,8 @@ pub(super) struct NodeControl {
     pub journal: Arc<RocksJournal>,
     /// How long each type's asks over HTTP took.
     pub entity_asks: LatencyFamily,
+    /// What this node's projection instances did.
+    pub projections: ProjectionStatuses,
 }
 
 impl NodeControl {
@@ -170,6 +173,7 @@ impl ClusterControl for NodeControl {
             ddata_bytes: ddata.bytes.load(Relaxed),
             ddata_refusals: ddata.refusals(),
             http: self.http_stats.snapshot(),
+            projections: self.projections.all(),
             latencies: http::Latencies {
                 entity_asks: self.entity_asks.clone(),
                 journal_appends: self.persistence.metrics.append_durations.clone(),

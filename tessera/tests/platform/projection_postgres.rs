@@ -1,11 +1,10 @@
 //! Exactly-once projections into a real PostgreSQL server: over three nodes with deposits
 //! going on and the node running most instances killed, the read model holds exactly the
 //! journal's events, none missing, none twice; and a commit with the fence of an instance
-//! whose slot was taken is refused, its effect rolled back.
+//! whose slot was taken is refused, its effect rolled back, as is a group committed again.
 
 use crate::cluster::{self, wait_until};
 use crate::projection::{deposits, journal_events};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,24 +13,11 @@ use tessera::{Envelope, Node, NodeBuilder, Projection};
 use tessera_example_account::Account;
 use tessera_harness::postgres::PostgresServer;
 use tessera_projection_postgres::{
-    CommitError, Fence, InstanceKey, OffsetCommit, PostgresOffsets, PostgresOffsetsError,
+    CommitError, Fence, InstanceKey, OffsetCommit, Pool, PostgresOffsets, PostgresOffsetsError,
     commit_offsets,
 };
-use tokio_postgres::NoTls;
 
 const CALLERS: usize = 16;
-
-fn pool(server: &PostgresServer) -> Pool {
-    let config: tokio_postgres::Config = server.connection_string().parse().unwrap();
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager).max_size(16).build().unwrap()
-}
 
 /// The read model: one row per event handled, with no key that would hide a second one.
 const CREATE_READ_MODEL: &str =
@@ -83,11 +69,9 @@ async fn read_model(pool: &Pool) -> Vec<(String, u64)> {
 /// of offsets over it, and a pool for the handlers.
 async fn database() -> (PostgresServer, PostgresOffsets, Pool) {
     let server = PostgresServer::start().await.expect("PostgreSQL starts");
-    let offsets = PostgresOffsets::connect(&server.connection_string())
-        .await
-        .unwrap();
+    let pool = tessera_projection_postgres::pool(&server.connection_string(), 16).unwrap();
+    let offsets = PostgresOffsets::new(pool.clone());
     offsets.create_tables().await.unwrap();
-    let pool = pool(&server);
     pool.get()
         .await
         .unwrap()
@@ -245,6 +229,12 @@ async fn a_commit_with_the_fence_of_a_replaced_instance_is_refused() {
         "a lower fence took the slot back: {back:?}"
     );
     commit_as(second, 2).await.expect("the successor commits");
+    // Its retry, as after a commit whose answer was lost, applies nothing a second time.
+    let again = commit_as(second, 2).await;
+    assert!(
+        matches!(again, Err(CommitError::AlreadyCommitted { .. })),
+        "a group committed twice: {again:?}"
+    );
     let mut rows = read_model(&pool).await;
     rows.sort();
     assert_eq!(

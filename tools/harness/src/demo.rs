@@ -3,11 +3,16 @@
 //! killed with SIGKILL and its accounts served by the others with every acknowledged deposit
 //! in their balances, a node joining and receiving shards from the coordinator's rebalancing,
 //! a node leaving gracefully on SIGTERM (handing its shards off), then everything stopped.
+//! Beside them the accounts' projections keep read models in PostgreSQL ([`read_model`]),
+//! checked against the accounts after each step: exactly once, whatever was killed.
 //!
 //! The helpers to start a node and read its membership view are shared with the
 //! multi-process tests.
 
+mod read_model;
+
 use crate::http_client::{self, HttpResponse};
+use read_model::ReadModel;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -52,6 +57,8 @@ pub enum DemoError {
     Answer { node: usize, what: String },
     #[error("balances do not match the acknowledged deposits: {0}")]
     Lost(String),
+    #[error("the read models: {0}")]
+    ReadModel(String),
     #[error("node {node} exited with {status} after SIGTERM (a graceful stop exits 0)")]
     Exit {
         node: usize,
@@ -195,6 +202,7 @@ fn account(index: u64) -> String {
 async fn start_node(
     exe: &Path,
     dir: &Path,
+    read_model: &ReadModel,
     number: usize,
     seed: Option<&str>,
 ) -> Result<DemoNode, DemoError> {
@@ -220,7 +228,10 @@ async fn start_node(
         args.push(seed.to_string());
     }
     let log = dir.join(format!("node-{number}.log"));
-    let process = spawn_node(exe, number, &args, log).await?;
+    let mut command = Command::new(exe);
+    let (name, value) = read_model.node_env();
+    command.arg("node").args(&args).env(name, value);
+    let process = spawn_command(command, number, log).await?;
     if seed.is_none() {
         let body = format!("{{\"address\": \"{}\"}}", process.cluster);
         let joined = http_client::request(
@@ -391,10 +402,11 @@ async fn balance(node: &DemoNode, id: &str) -> Result<(u64, Duration), DemoError
 
 /// Reads every balance at once (through the nodes in turn) and checks each against the
 /// ledger: at least what was acknowledged, at most that plus the deposits of unknown outcome.
+/// Returns the balances.
 async fn check_balances(
     nodes: &[&DemoNode],
     ledger: &BTreeMap<String, Ledger>,
-) -> Result<(), DemoError> {
+) -> Result<BTreeMap<String, u64>, DemoError> {
     let reads = ledger
         .keys()
         .enumerate()
@@ -403,8 +415,10 @@ async fn check_balances(
     let mut wrong = Vec::new();
     let mut sum = 0;
     let mut slowest = Duration::ZERO;
+    let mut read_balances = BTreeMap::new();
     for ((id, expected), read) in ledger.iter().zip(balances) {
         let (balance, took) = read?;
+        read_balances.insert(id.clone(), balance);
         sum += balance;
         slowest = slowest.max(took);
         let high = expected.acknowledged + expected.unknown;
@@ -426,7 +440,7 @@ async fn check_balances(
         names(nodes),
         slowest.as_secs_f64()
     );
-    Ok(())
+    Ok(read_balances)
 }
 
 /// The accounts running on a node, from `GET /sharding/account`, with the number of shards
@@ -593,8 +607,13 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
         dir.display()
     );
 
-    println!("\n1. Start {node_count} nodes");
-    let first = start_node(exe, dir, 1, None).await?;
+    let read_model = ReadModel::start().await?;
+    println!(
+        "\n1. Start PostgreSQL for the accounts' read models (127.0.0.1:{}), then \
+         {node_count} nodes",
+        read_model.port()
+    );
+    let first = start_node(exe, dir, &read_model, 1, None).await?;
     let seed = first.process.cluster.clone();
     println!(
         "   {} formed the cluster, http={}",
@@ -603,7 +622,7 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
     );
     let mut nodes = vec![first];
     for number in 2..=node_count {
-        let node = start_node(exe, dir, number, Some(&seed)).await?;
+        let node = start_node(exe, dir, &read_model, number, Some(&seed)).await?;
         println!(
             "   {} joins through {seed}, http={}",
             node.name(),
@@ -627,7 +646,12 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
     deposit_round(&all, &mut ledger, |i| i).await?;
     println!("   who hosts what (GET /sharding/account on each node):");
     let homes = print_homes(&all).await?;
-    check_balances(&all, &ledger).await?;
+    let balances = check_balances(&all, &ledger).await?;
+    println!(
+        "   the read models (projections of the accounts' events into PostgreSQL, \
+         GET /projections):"
+    );
+    read_model.check(&all, &balances).await?;
 
     // Not the first node if another hosts accounts: the first runs the coordinator, and the
     // point here is the accounts, not the coordinator's failover.
@@ -653,12 +677,17 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
     let moved = moved_accounts(&homes, &after_kill, victim)?;
     print_moved(&moved, victim, &after_kill);
     deposit_round(&survivors, &mut ledger, |_| 100).await?;
-    check_balances(&survivors, &ledger).await?;
+    let balances = check_balances(&survivors, &ledger).await?;
+    println!(
+        "   the read models, the killed node's projection instances restarted on the \
+         survivors from their saved offsets:"
+    );
+    read_model.check(&survivors, &balances).await?;
 
     let number = node_count + 1;
     let seed = nodes[0].process.cluster.clone();
     println!("\n4. Start node {number}: the coordinator rebalances shards to it");
-    let joining = start_node(exe, dir, number, Some(&seed)).await?;
+    let joining = start_node(exe, dir, &read_model, number, Some(&seed)).await?;
     println!("   {} joins through {seed}", joining.name());
     nodes.push(joining);
     let members: Vec<&DemoNode> = nodes.iter().collect();
@@ -757,7 +786,9 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
         });
     }
     let remaining: Vec<&DemoNode> = nodes.iter().collect();
-    check_balances(&remaining, &ledger).await?;
+    let balances = check_balances(&remaining, &ledger).await?;
+    println!("   the read models:");
+    read_model.check(&remaining, &balances).await?;
     println!("   who hosts what now:");
     let after_leave = print_homes(&remaining).await?;
     let moved = moved_accounts(&after_join, &after_leave, leaver)?;
@@ -784,7 +815,7 @@ async fn run_in(exe: &Path, dir: &Path, node_count: usize) -> Result<(), DemoErr
     }
     println!(
         "\ndemo complete: every acknowledged deposit survived a crash, a join and a graceful \
-         leave"
+         leave, and is in the read models exactly once"
     );
     Ok(())
 }
