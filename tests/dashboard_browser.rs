@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{exe, free_port, kill, one_at_a_time, test_dir, wait_up};
+use common::{free_port, kill, one_at_a_time, test_dir, wait_up};
 use fantoccini::{Client, ClientBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
@@ -20,8 +20,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tessera_example_account::projections::{INSTANCES, POSTGRES_ENV};
-use tessera_harness::demo::{self, NodeProcess};
+use tessera_example_account::projections::INSTANCES;
+use tessera_harness::demo::NodeProcess;
 use tessera_harness::postgres::PostgresServer;
 use tokio::process::{Child, Command};
 
@@ -174,14 +174,7 @@ async fn dashboard_shows_members_live_through_a_kill_and_a_removal() {
 }
 
 async fn spawn(i: usize, ports: &[u16], dir: &Path, database: &PostgresServer) -> NodeProcess {
-    let mut command = Command::new(exe());
-    command
-        .arg("node")
-        .args(common::all_seeds_args(i, ports, dir, &QUICK))
-        .env(POSTGRES_ENV, database.connection_string());
-    demo::spawn_command(command, i + 1, dir.join(format!("n{i}.log")))
-        .await
-        .expect("node starts")
+    common::spawn_with_read_models(i, ports, dir, &QUICK, database).await
 }
 
 /// One deposit into each of [`ACCOUNTS`] accounts, through the nodes in turn, each retried

@@ -25,8 +25,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tessera_example_account::projections::{BALANCES, INSTANCES, LEDGER, POSTGRES_ENV};
-use tessera_harness::demo::{self, NodeProcess};
+use tessera_example_account::projections::{BALANCES, INSTANCES, LEDGER};
+use tessera_harness::demo::NodeProcess;
 use tessera_harness::http_client;
 use tessera_harness::postgres::PostgresServer;
 use tessera_journal::slice::SliceRange;
@@ -55,14 +55,7 @@ struct Cluster {
 }
 
 async fn spawn(i: usize, ports: &[u16], dir: &Path, server: &PostgresServer) -> NodeProcess {
-    let mut command = Command::new(exe());
-    command
-        .arg("node")
-        .args(common::all_seeds_args(i, ports, dir, &QUICK))
-        .env(POSTGRES_ENV, server.connection_string());
-    demo::spawn_command(command, i + 1, dir.join(format!("n{i}.log")))
-        .await
-        .expect("node starts")
+    common::spawn_with_read_models(i, ports, dir, &QUICK, server).await
 }
 
 async fn cluster(dir: &Path) -> Cluster {
@@ -184,13 +177,7 @@ async fn deposits(
         let stop = stop.clone();
         let outcomes = outcomes.clone();
         callers.push(tokio::spawn(async move {
-            let mut seed = caller.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
+            let mut next = common::deposits::caller_random(caller);
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;

@@ -11,7 +11,42 @@ pub mod projections;
 pub mod replicated;
 pub mod sharding;
 
+use futures::StreamExt;
 use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_journal::{Journal, JournalError};
+
+/// Replays each of `pids` whole, `concurrency` at a time (the local journal's baseline of
+/// several benchmarks); returns the events read and the time it took.
+pub async fn replay_logs(
+    journal: Arc<dyn Journal>,
+    pids: impl Iterator<Item = String>,
+    concurrency: usize,
+) -> Result<(u64, Duration), JournalError> {
+    let started = Instant::now();
+    let counts = futures::stream::iter(pids)
+        .map(|pid| {
+            let journal = journal.clone();
+            async move {
+                let mut replay = journal.replay(&pid, 1, u64::MAX, u64::MAX);
+                let mut events = 0u64;
+                while let Some(event) = replay.next().await {
+                    std::hint::black_box(event?.payload.len());
+                    events += 1;
+                }
+                Ok::<u64, JournalError>(events)
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    let mut events = 0;
+    for count in counts {
+        events += count?;
+    }
+    Ok((events, started.elapsed()))
+}
 
 /// Prints a progress line on stderr (visible while a long benchmark runs).
 pub fn progress(message: &str) {

@@ -449,33 +449,13 @@ fn event(codec: &Codec<Account>, sequence_nr: u64) -> Result<NewEvent, Projectio
     })
 }
 
-/// Replays each log whole, [`CONCURRENCY`] at a time; returns the events read.
+/// Replays each log whole, [`CONCURRENCY`] at a time.
 async fn replay(
     journal: Arc<RocksJournal>,
     logs: Vec<(String, u64)>,
 ) -> Result<(u64, Duration), ProjectionsBenchError> {
-    let started = Instant::now();
-    let counts = futures::stream::iter(logs)
-        .map(|(pid, _)| {
-            let journal = journal.clone();
-            async move {
-                let mut replay = journal.replay(&pid, 1, u64::MAX, u64::MAX);
-                let mut events = 0u64;
-                while let Some(event) = replay.next().await {
-                    std::hint::black_box(event?.payload.len());
-                    events += 1;
-                }
-                Ok::<u64, JournalError>(events)
-            }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await;
-    let mut events = 0;
-    for count in counts {
-        events += count?;
-    }
-    Ok((events, started.elapsed()))
+    let pids = logs.into_iter().map(|(pid, _)| pid);
+    Ok(super::replay_logs(journal, pids, CONCURRENCY).await?)
 }
 
 /// Writes `logs` logs of [`EVENTS_PER_LOG`] events to `journal`, [`CONCURRENCY`] at a time.

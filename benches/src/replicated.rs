@@ -415,35 +415,14 @@ async fn load(
     Ok(())
 }
 
-/// Replays each log whole, `REPLAY_CONCURRENCY` at a time; returns the events read.
+/// Replays logs `<prefix>-0..logs` whole, `REPLAY_CONCURRENCY` at a time.
 async fn replay_all(
     journal: Arc<dyn Journal>,
     prefix: &str,
     logs: u64,
 ) -> Result<(u64, Duration), ReplicatedBenchError> {
-    let started = Instant::now();
-    let counts = futures::stream::iter(0..logs)
-        .map(|log| {
-            let journal = journal.clone();
-            let pid = format!("{prefix}-{log}");
-            async move {
-                let mut replay = journal.replay(&pid, 1, u64::MAX, u64::MAX);
-                let mut events = 0u64;
-                while let Some(event) = replay.next().await {
-                    std::hint::black_box(event?.payload.len());
-                    events += 1;
-                }
-                Ok::<u64, JournalError>(events)
-            }
-        })
-        .buffer_unordered(REPLAY_CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await;
-    let mut events = 0;
-    for count in counts {
-        events += count?;
-    }
-    Ok((events, started.elapsed()))
+    let pids = (0..logs).map(|log| format!("{prefix}-{log}"));
+    Ok(super::replay_logs(journal, pids, REPLAY_CONCURRENCY).await?)
 }
 
 async fn replay_workload(

@@ -31,3 +31,5 @@ mod offsets;
 pub use deadpool_postgres::Pool;
 pub use offsets::{CommitError, PostgresOffsets, PostgresOffsetsError, commit_offsets, pool};
 pub use tessera_projection::{ExactlyOnceStore, Fence, InstanceKey, OffsetCommit};
+/// The client a handler's transactions use, at the version this crate's commits take.
+pub use tokio_postgres;

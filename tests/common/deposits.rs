@@ -142,13 +142,7 @@ pub async fn workload_over(
         let tallies = tallies.clone();
         let answers = answers.clone();
         callers.push(tokio::spawn(async move {
-            let mut seed = caller.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
+            let mut next = caller_random(caller);
             while Instant::now() < end {
                 let id = format!("acct-{}", next() % accounts);
                 let node = (next() % nodes.len() as u64) as usize;
@@ -185,6 +179,17 @@ pub async fn workload_over(
     println!("{total} deposits acknowledged in {duration:?}");
     let answers = answers.lock().await.clone();
     (tallies, answers)
+}
+
+/// Caller `caller`'s own random numbers (xorshift), the same in every run.
+pub fn caller_random(caller: u64) -> impl FnMut() -> u64 {
+    let mut seed = caller.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
 }
 
 pub async fn balances(

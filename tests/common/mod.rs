@@ -161,6 +161,28 @@ pub fn all_seeds_args(i: usize, ports: &[u16], dir: &Path, extra: &[&str]) -> Ve
     args
 }
 
+/// Node `i` of an all-seeds cluster ([`all_seeds_args`] with `extra`) running the account
+/// example's projections into `database`.
+pub async fn spawn_with_read_models(
+    i: usize,
+    ports: &[u16],
+    dir: &Path,
+    extra: &[&str],
+    database: &tessera_harness::postgres::PostgresServer,
+) -> NodeProcess {
+    let mut command = tokio::process::Command::new(exe());
+    command
+        .arg("node")
+        .args(all_seeds_args(i, ports, dir, extra))
+        .env(
+            tessera_example_account::projections::POSTGRES_ENV,
+            database.connection_string(),
+        );
+    demo::spawn_command(command, i + 1, dir.join(format!("n{i}.log")))
+        .await
+        .expect("node starts")
+}
+
 /// Waits until every node sees `count` members Up and reachable.
 pub async fn wait_up(nodes: &[&NodeProcess], count: usize) {
     wait_views(nodes, "members up on every node", |views| {

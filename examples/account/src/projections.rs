@@ -18,6 +18,7 @@ use tessera::{
     Envelope, ExactlyOnceStore, Fence, HandlerError, InstanceKey, NodeBuilder, OffsetCommit,
     Projection, SliceOffset,
 };
+use tessera_projection_postgres::tokio_postgres::types::ToSql;
 use tessera_projection_postgres::{Pool, PostgresOffsets, commit_offsets};
 use tokio::sync::OnceCell;
 
@@ -89,14 +90,12 @@ pub fn register(builder: NodeBuilder) -> Result<NodeBuilder, String> {
     let pool = tessera_projection_postgres::pool(&config, MAX_CONNECTIONS)
         .map_err(|e| format!("{POSTGRES_ENV}: {e}"))?;
     let schema = Arc::new(Schema {
-        pool: pool.clone(),
+        offsets: PostgresOffsets::new(pool.clone()),
         made: OnceCell::new(),
     });
     let store = BalancesStore {
-        offsets: PostgresOffsets::new(pool.clone()),
         schema: schema.clone(),
     };
-    let balances_pool = pool.clone();
     // ANCHOR: register
     let balances = Projection::exactly_once(
         BALANCES,
@@ -104,10 +103,10 @@ pub fn register(builder: NodeBuilder) -> Result<NodeBuilder, String> {
         INSTANCES,
         MAX_GROUP,
         store,
-        move |envelopes, commit| write_balances(balances_pool.clone(), envelopes, commit),
+        move |envelopes, commit| write_balances(pool.clone(), envelopes, commit),
     );
     let ledger = Projection::grouped_at_least_once(LEDGER, Account, INSTANCES, MAX_GROUP, {
-        move |envelopes| write_ledger(pool.clone(), schema.clone(), envelopes)
+        move |envelopes| write_ledger(schema.clone(), envelopes)
     });
     Ok(builder.projection(balances).projection(ledger))
     // ANCHOR_END: register
@@ -115,18 +114,19 @@ pub fn register(builder: NodeBuilder) -> Result<NodeBuilder, String> {
 
 /// The tables, made once per process (by whichever instance needs them first).
 struct Schema {
-    pool: Pool,
+    offsets: PostgresOffsets,
     made: OnceCell<()>,
 }
 
 impl Schema {
-    async fn make(&self, offsets: &PostgresOffsets) -> Result<(), HandlerError> {
+    async fn make(&self) -> Result<(), HandlerError> {
         self.made
             .get_or_try_init(|| async {
                 // Two nodes making the tables at once can collide in the catalog: the loser's
                 // error is a handler error, retried.
-                offsets.create_tables().await?;
-                self.pool
+                self.offsets.create_tables().await?;
+                self.offsets
+                    .pool()
                     .get()
                     .await?
                     .batch_execute(CREATE_READ_MODELS)
@@ -140,7 +140,6 @@ impl Schema {
 
 /// The offsets of `account-balances`, with the tables made before the first slot is taken.
 struct BalancesStore {
-    offsets: PostgresOffsets,
     schema: Arc<Schema>,
 }
 
@@ -150,12 +149,11 @@ impl ExactlyOnceStore for BalancesStore {
         instance: &InstanceKey,
         fence: Fence,
     ) -> BoxFuture<'static, Result<SliceOffset, HandlerError>> {
-        let offsets = self.offsets.clone();
         let schema = self.schema.clone();
         let instance = instance.clone();
         async move {
-            schema.make(&offsets).await?;
-            offsets.open(&instance, fence).await
+            schema.make().await?;
+            schema.offsets.open(&instance, fence).await
         }
         .boxed()
     }
@@ -165,7 +163,7 @@ impl ExactlyOnceStore for BalancesStore {
         instance: &InstanceKey,
         fence: Fence,
     ) -> BoxFuture<'static, Result<(), HandlerError>> {
-        self.offsets.reset(instance, fence)
+        self.schema.offsets.reset(instance, fence)
     }
 }
 
@@ -177,6 +175,20 @@ struct Columns {
     sequence_nrs: Vec<i64>,
     slices: Vec<i32>,
     changes: Vec<i64>,
+}
+
+impl Columns {
+    /// The parameters of [`INSERT_EVENTS`] and [`INSERT_LEDGER`]: a row per event, written by
+    /// `handled_by`.
+    fn event_rows<'a>(&'a self, handled_by: &'a i32) -> [&'a (dyn ToSql + Sync); 5] {
+        [
+            &self.persistence_ids,
+            &self.sequence_nrs,
+            &self.slices,
+            &self.changes,
+            handled_by,
+        ]
+    }
 }
 
 fn columns(envelopes: &[Envelope<Account>]) -> Result<Columns, HandlerError> {
@@ -224,19 +236,11 @@ async fn write_balances(
     commit: OffsetCommit,
 ) -> Result<(), HandlerError> {
     let columns = columns(&envelopes)?;
+    let handled_by = handled_by();
     let mut client = pool.get().await?;
     let transaction = client.transaction().await?;
     transaction
-        .execute(
-            INSERT_EVENTS,
-            &[
-                &columns.persistence_ids,
-                &columns.sequence_nrs,
-                &columns.slices,
-                &columns.changes,
-                &handled_by(),
-            ],
-        )
+        .execute(INSERT_EVENTS, &columns.event_rows(&handled_by))
         .await?;
     transaction
         .execute(
@@ -255,24 +259,18 @@ async fn write_balances(
 // ANCHOR_END: write_balances
 
 async fn write_ledger(
-    pool: Pool,
     schema: Arc<Schema>,
     envelopes: Vec<Envelope<Account>>,
 ) -> Result<(), HandlerError> {
-    schema.make(&PostgresOffsets::new(pool.clone())).await?;
+    schema.make().await?;
     let columns = columns(&envelopes)?;
-    pool.get()
+    let handled_by = handled_by();
+    schema
+        .offsets
+        .pool()
+        .get()
         .await?
-        .execute(
-            INSERT_LEDGER,
-            &[
-                &columns.persistence_ids,
-                &columns.sequence_nrs,
-                &columns.slices,
-                &columns.changes,
-                &handled_by(),
-            ],
-        )
+        .execute(INSERT_LEDGER, &columns.event_rows(&handled_by))
         .await?;
     Ok(())
 }
