@@ -390,10 +390,11 @@ impl ReplicatedJournal {
     /// every writer before, this node's own included — and returns its highest sequence
     /// number with the epoch of this writer. Writes made
     /// with [`ReplicatedJournal::append_fenced`] and that epoch are taken only while this very
-    /// writer serves the log here: once it was dropped or replaced they are refused, even
-    /// though a new writer on this node could recover the log again. So a caller that read
-    /// the log through its writer never writes after another caller opened it (a projection
-    /// instance's offsets).
+    /// writer holds the log as it opened it: once it was dropped or replaced, or another
+    /// writer took the log over (even if this one took it back since), they are refused,
+    /// though a new writer on this node could recover the log again. A configuration change
+    /// this writer makes keeps them. So a caller that read the log through its writer never
+    /// writes after another caller opened it (a projection instance's offsets).
     pub async fn open_fenced(&self, persistence_id: &str) -> Result<FencedLog, JournalError> {
         let ready = self
             .writers
@@ -408,9 +409,12 @@ impl ReplicatedJournal {
                 reason: "its writer on this node stopped serving as it was opened".into(),
             }
         })?;
+        // The opening's epoch, not the serving one: a configuration change since may have
+        // recovered the log again under a newer epoch of this same writer.
+        let epoch = ready.opened.unwrap_or(serving.epoch);
         Ok(FencedLog {
             highest: ready.highest.max(serving.highest),
-            epoch: serving.epoch,
+            epoch,
         })
     }
 

@@ -98,6 +98,9 @@ const MAX_CALL_HOLD: Duration = Duration::from_millis(10);
 #[derive(Clone, Debug)]
 pub struct ReadyLog {
     pub highest: u64,
+    /// The epoch the writer served with when it first became ready (what a fenced append
+    /// names).
+    pub opened: Option<tessera_replication::Epoch>,
     pub deleted_to: u64,
     /// Replicas holding the whole log, this node's first.
     pub sources: Vec<ReplicaId>,
@@ -714,15 +717,13 @@ impl Actor {
                 writer,
                 reply,
             } => {
+                // A fenced write goes only to the very writer that opened the log; whether
+                // that writer still holds it as opened, it decides (it may be recovering).
                 if let Some(epoch) = writer
                     && self
                         .slots
                         .get(write.persistence_id.as_str())
-                        .is_none_or(|slot| {
-                            slot.instance != epoch.writer
-                                || !slot.writer.is_serving()
-                                || slot.writer.status().epoch != Some(epoch)
-                        })
+                        .is_none_or(|slot| slot.instance != epoch.writer)
                 {
                     PersistenceMetrics::incr(&self.metrics.appends_not_applied);
                     let _ = reply.send(Err(Self::unavailable(
@@ -758,7 +759,12 @@ impl Actor {
                             started: now,
                         },
                     );
-                    slot.writer.append(op, first_seq, payloads, now);
+                    match writer {
+                        Some(opened) => slot
+                            .writer
+                            .append_fenced(op, first_seq, payloads, opened, now),
+                        None => slot.writer.append(op, first_seq, payloads, now),
+                    }
                 }
                 self.drain(&id);
             }
@@ -1141,7 +1147,10 @@ impl Actor {
                         PersistenceMetrics::incr(&metrics.appends_acknowledged);
                         metrics.append_durations.observe_since(started);
                     }
-                    Outcome::NotApplied(NotApplied::Stopped(StopReason::Fenced { .. })) => {
+                    Outcome::NotApplied(
+                        NotApplied::Stopped(StopReason::Fenced { .. })
+                        | NotApplied::TakenOver { .. },
+                    ) => {
                         PersistenceMetrics::incr(&metrics.appends_not_applied);
                         PersistenceMetrics::incr(&metrics.refused_fenced);
                     }
@@ -1176,6 +1185,7 @@ fn small_answer_call(call: &ReplicaCall) -> bool {
 fn ready_log(writer: &LogWriter<StoredEvent>) -> ReadyLog {
     ReadyLog {
         highest: writer.highest().unwrap_or(0),
+        opened: writer.opened_epoch(),
         deleted_to: writer.deleted_to(),
         sources: writer.read_sources(),
     }
@@ -1212,6 +1222,10 @@ fn outcome_result(id: &str, outcome: Outcome) -> Result<(), JournalError> {
             Err(JournalError::QueueFull { capacity })
         }
         Outcome::NotApplied(NotApplied::Stopped(reason)) => Err(stopped_error(id, &reason)),
+        Outcome::NotApplied(taken @ NotApplied::TakenOver { .. }) => Err(JournalError::Fenced {
+            persistence_id: id.to_string(),
+            reason: taken.to_string(),
+        }),
         Outcome::NotApplied(not_applied @ NotApplied::Waited { .. }) => {
             Err(JournalError::Unavailable {
                 persistence_id: id.to_string(),

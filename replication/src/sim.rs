@@ -28,7 +28,9 @@ use crate::memory::{MemoryLog, ReadLimits};
 use crate::message::{Request, Response};
 use crate::placement::Ring;
 use crate::replica::{Leases, Rules, Sabotage};
-use crate::writer::{LogWriter, Outcome, Output, Placement, RequestId, Target, WriterSettings};
+use crate::writer::{
+    LogWriter, NotApplied, Outcome, Output, Placement, RequestId, Target, WriterSettings,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cmp::Reverse;
@@ -84,6 +86,21 @@ pub struct Scenario {
     /// Runs a reader of the acknowledged log beside the writers (with these rules broken, to
     /// show the checks catch it), and checks what it delivered.
     pub committed_reader: Option<ReaderSabotage>,
+    /// Clients append only through their writer's opening of the log, as a projection
+    /// instance saves its offsets ([`LogWriter::append_fenced`]), and start a new writer when
+    /// one is refused; the checks then require that no value of a writer lands after the end
+    /// of the log as a later writer opened it.
+    pub fenced_appends: Option<FencedAppends>,
+}
+
+/// How clients of a fenced scenario append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FencedAppends {
+    /// Through [`LogWriter::append_fenced`] with the epoch the writer opened the log with.
+    Fenced,
+    /// Sabotaged: plain appends, checked as if fenced (to show the check catches a writer
+    /// that took its log back and wrote after a later opening).
+    Unfenced,
 }
 
 /// A fault the scenario injects, at a random moment, for a random time.
@@ -140,6 +157,15 @@ pub enum Fate {
     Unknown,
 }
 
+/// A writer instance that opened the log: it became ready with `epoch`, the log ending at
+/// `highest`. Openings are ordered by epoch: a successor's is above every earlier one's (the
+/// order in which they became ready says nothing of a writer paused before it could tell).
+#[derive(Clone, Copy, Debug)]
+pub struct Opening {
+    pub epoch: Epoch,
+    pub highest: u64,
+}
+
 /// A confirmed read: the writer on `node` confirmed, after `started`, that the log ends at
 /// `highest`.
 #[derive(Clone, Debug)]
@@ -152,6 +178,8 @@ pub struct Read {
 #[derive(Clone, Debug)]
 pub struct Write {
     pub node: usize,
+    /// The client's writer instance that appended it (its incarnation on `node`).
+    pub incarnation: u64,
     pub seq: u64,
     pub fate: Fate,
 }
@@ -213,6 +241,8 @@ struct Reader {
     entries: Vec<(u64, u64)>,
     base: u64,
     started: Instant,
+    /// When it sent its last read.
+    asked: Instant,
 }
 
 struct Client {
@@ -225,6 +255,10 @@ struct Client {
     reader: Option<Reader>,
     writer_started: Instant,
     crashed: bool,
+    /// The epoch its writer opened the log with (fenced scenarios).
+    opened: Option<Epoch>,
+    /// Its writer refused a fenced append: it is replaced.
+    taken_over: bool,
     restart_after: Option<Instant>,
 }
 
@@ -289,6 +323,8 @@ pub struct Simulation {
     deleted_up_to: u64,
     /// The reader of the acknowledged log, if the scenario runs one.
     projection: Option<committed_reader::ReaderProc>,
+    /// Every writer instance that opened the log: (node, incarnation) → its opening.
+    pub openings: BTreeMap<(usize, u64), Opening>,
 }
 
 /// Counters of a run, to see that a scenario exercised what it says.
@@ -313,6 +349,13 @@ pub struct Stats {
     pub creations_held: u64,
     /// Stores the operator forgot on a node.
     pub stores_forgotten: u64,
+    /// Fenced appends refused because another writer took the log over after the opening.
+    pub taken_over: u64,
+    /// Configuration changes writers completed (counted when each ends).
+    pub writer_reconfigurations: u64,
+    /// Fenced appends acknowledged by a writer that had changed the log's configuration
+    /// since it opened it.
+    pub fenced_after_reconfiguration: u64,
 }
 
 impl Simulation {
@@ -335,6 +378,8 @@ impl Simulation {
                     outstanding: BTreeMap::new(),
                     reader: None,
                     writer_started: start,
+                    opened: None,
+                    taken_over: false,
                     crashed: false,
                     restart_after: None,
                 },
@@ -391,6 +436,7 @@ impl Simulation {
             trace: None,
             deleted_up_to: 0,
             projection: None,
+            openings: BTreeMap::new(),
         };
         sim.place_projection();
         sim.rebuild_placements();
@@ -918,6 +964,7 @@ impl Simulation {
     fn retire_writer(&mut self, node: usize) {
         if let Some(writer) = self.nodes[node].client.writer.take() {
             self.stats.creations_held += writer.counters().creations_held;
+            self.stats.writer_reconfigurations += writer.counters().reconfigurations;
         }
     }
 
@@ -927,7 +974,13 @@ impl Simulation {
         client.reader = None;
         client.crashed = true;
         client.next_seq = None;
-        let lost: Vec<u64> = std::mem::take(&mut client.outstanding)
+        self.settle_outstanding(node);
+    }
+
+    /// The client's operations still out, once its writer is gone: they may or may not
+    /// appear.
+    fn settle_outstanding(&mut self, node: usize) {
+        let lost: Vec<u64> = std::mem::take(&mut self.nodes[node].client.outstanding)
             .into_values()
             .collect();
         for value in lost {
@@ -1023,16 +1076,23 @@ impl Simulation {
                 value,
                 Write {
                     node,
+                    incarnation: self.nodes[node].client.incarnation,
                     seq,
                     fate: Fate::Pending,
                 },
             );
             self.note(|| format!("n{node} op {op}: append value {value} at {seq}"));
+            let fenced = self.scenario.fenced_appends;
             let client = &mut self.nodes[node].client;
             client.outstanding.insert(op, value);
             client.next_seq = Some(seq + 1);
             if let Some(writer) = client.writer.as_mut() {
-                writer.append(op, seq, vec![value], now);
+                match (fenced, client.opened) {
+                    (Some(FencedAppends::Fenced), Some(opened)) => {
+                        writer.append_fenced(op, seq, vec![value], opened, now)
+                    }
+                    _ => writer.append(op, seq, vec![value], now),
+                }
             }
         }
         self.flush(node);
@@ -1056,6 +1116,8 @@ impl Simulation {
         let client = &mut self.nodes[node].client;
         client.incarnation += 1;
         client.writer_started = self.now;
+        client.opened = None;
+        client.taken_over = false;
         client.writer = Some(LogWriter::new(
             self.settings.clone(),
             writer_id,
@@ -1081,6 +1143,12 @@ impl Simulation {
                 }
                 Output::Ready { highest } => {
                     self.note(|| format!("n{node}#{incarnation} READY highest {highest}"));
+                    let client = &mut self.nodes[node].client;
+                    client.opened = client.writer.as_ref().and_then(|w| w.opened_epoch());
+                    if let Some(epoch) = client.opened {
+                        self.openings
+                            .insert((node, incarnation), Opening { epoch, highest });
+                    }
                     self.nodes[node].client.next_seq = Some(highest + 1);
                     self.start_reader(node, highest);
                 }
@@ -1099,12 +1167,27 @@ impl Simulation {
                 }
             }
         }
+        if std::mem::take(&mut self.nodes[node].client.taken_over) {
+            // As a projection instance whose offset save was refused: its run ends, and the
+            // next one opens the log again with a new writer.
+            self.note(|| format!("n{node}#{incarnation} TAKEN OVER: replaced"));
+            self.retire_writer(node);
+            self.settle_outstanding(node);
+            self.nodes[node].client.next_seq = None;
+            self.nodes[node].client.reader = None;
+            let backoff = Duration::from_millis(self.rng.random_range(20..200));
+            self.nodes[node].client.restart_after = Some(self.now + backoff);
+        }
     }
 
     fn completed(&mut self, node: usize, op: u64, outcome: Outcome) {
         let Some(value) = self.nodes[node].client.outstanding.remove(&op) else {
             return;
         };
+        if let Outcome::NotApplied(NotApplied::TakenOver { .. }) = outcome {
+            self.stats.taken_over += 1;
+            self.nodes[node].client.taken_over = true;
+        }
         if let Some(read) = self.confirming.remove(&op) {
             if outcome == Outcome::Acknowledged {
                 if read.started == self.now {
@@ -1118,9 +1201,17 @@ impl Simulation {
         let Some(write) = self.writes.get_mut(&value) else {
             return;
         };
+        let reconfigured = self.nodes[node]
+            .client
+            .writer
+            .as_ref()
+            .is_some_and(|w| w.counters().reconfigurations > 0);
         write.fate = match outcome {
             Outcome::Acknowledged => {
                 self.stats.acknowledged += 1;
+                if reconfigured && self.scenario.fenced_appends == Some(FencedAppends::Fenced) {
+                    self.stats.fenced_after_reconfiguration += 1;
+                }
                 Fate::Acknowledged(self.now)
             }
             Outcome::NotApplied(_) => {
@@ -1338,6 +1429,7 @@ impl Simulation {
             entries: Vec::new(),
             base: 0,
             started,
+            asked: self.now,
         });
         self.read_next(node);
     }
@@ -1362,6 +1454,7 @@ impl Simulation {
             return;
         }
         reader.id += 1;
+        reader.asked = self.now;
         let (id, source) = (reader.id, reader.source.clone());
         let request = Request::Read {
             from: reader.next,
@@ -1426,6 +1519,13 @@ impl Simulation {
             self.run_until(next, false);
             if self.replays.len() > replays_before {
                 break;
+            }
+            // A read sent where no replica answers any more (a member that moved, then left)
+            // gets no answer: given up, and made again from the writer's sources now.
+            if self.nodes[node].client.reader.as_ref().is_some_and(|r| {
+                self.now.saturating_duration_since(r.asked) >= Duration::from_secs(1)
+            }) {
+                self.nodes[node].client.reader = None;
             }
             if self.nodes[node].client.reader.is_none() {
                 self.replace_stopped_writer(node);
@@ -1524,6 +1624,46 @@ impl Simulation {
             "5 s after healing the log is still not on {wanted} live, caught-up replicas: \
              {config:?}"
         ));
+    }
+
+    /// Fenced scenarios: no value of a writer instance is in the final log beyond the end
+    /// of the log as a later instance opened it (that writer wrote after its successor
+    /// started).
+    fn check_openings(&self) -> Vec<String> {
+        let (Some(_), Some(final_log)) = (self.scenario.fenced_appends, &self.final_log) else {
+            return Vec::new();
+        };
+        // For each opening, the lowest end among the openings after it.
+        let mut by_order: Vec<(&(usize, u64), &Opening)> = self.openings.iter().collect();
+        by_order.sort_by_key(|(_, o)| o.epoch);
+        let mut lowest_after: BTreeMap<(usize, u64), (u64, (usize, u64))> = BTreeMap::new();
+        let mut lowest: Option<(u64, (usize, u64))> = None;
+        for (key, opening) in by_order.iter().rev() {
+            if let Some(l) = lowest {
+                lowest_after.insert(**key, l);
+            }
+            if lowest.is_none_or(|(h, _)| opening.highest < h) {
+                lowest = Some((opening.highest, **key));
+            }
+        }
+        let mut found = Vec::new();
+        for &(seq, value) in final_log {
+            let Some(write) = self.writes.get(&value) else {
+                continue;
+            };
+            let by = (write.node, write.incarnation);
+            if let Some(&(highest, later)) = lowest_after.get(&by)
+                && seq > highest
+            {
+                found.push(format!(
+                    "value {value} at seq {seq}, written by writer n{}#{}, is beyond the end {} \
+                     of the log as the later writer n{}#{} opened it: a writer wrote after its \
+                     successor started",
+                    by.0, by.1, highest, later.0, later.1
+                ));
+            }
+        }
+        found
     }
 
     /// Compares all observations with all outcomes; returns every violation found.
@@ -1632,6 +1772,7 @@ impl Simulation {
             }
         }
         found.extend(self.check_projection());
+        found.extend(self.check_openings());
         found.sort();
         found.dedup();
         let mut violations = std::mem::take(&mut self.violations);

@@ -6,10 +6,12 @@
 
 #[path = "simulation/committed_reader.rs"]
 mod committed_reader;
+#[path = "simulation/fenced_appends.rs"]
+mod fenced_appends;
 
 use std::time::Duration;
 use tessera_replication::replica::Sabotage;
-use tessera_replication::sim::{FaultKind, Scenario, Simulation, Stats};
+use tessera_replication::sim::{FaultKind, FencedAppends, Scenario, Simulation, Stats};
 
 fn seeds() -> u64 {
     std::env::var("TESSERA_SIM_SEEDS")
@@ -52,6 +54,9 @@ fn run(scenario: Scenario) -> Stats {
         total.prepares_held_off += s.prepares_held_off;
         total.creations_held += s.creations_held;
         total.stores_forgotten += s.stores_forgotten;
+        total.taken_over += s.taken_over;
+        total.writer_reconfigurations += s.writer_reconfigurations;
+        total.fenced_after_reconfiguration += s.fenced_after_reconfiguration;
         if violations.len() > 20 {
             break;
         }
@@ -437,6 +442,8 @@ fn trace_one_seed() {
             ..base("reads from leases, partitions and pauses")
         },
         "cut-off" => cut_off_and_restart_others(),
+        "fenced" => fenced_appends::contended(FencedAppends::Fenced),
+        "fenced-one" => fenced_appends::one_writer_moves_its_log(),
         "moved" => Scenario {
             faults: vec![FaultKind::MoveNode],
             delete_probability: 0.03,

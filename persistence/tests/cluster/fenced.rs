@@ -1,8 +1,12 @@
 //! Fenced appends: a write made with the epoch `open_fenced` returned is taken only while
-//! that very writer serves the log on its node — not after another node opened the log, and
-//! not after a new writer on the same node recovered it again.
+//! that very writer holds the log as it opened it — not after another node opened the log,
+//! and not after a new writer on the same node recovered it again; but across the writer's
+//! own moves of the log off a member that left.
 
-use super::{cluster, payloads, write};
+use super::{cluster, payloads, snapshot, write};
+use std::time::Duration;
+use tessera_cluster::Address;
+use tessera_cluster::transport::Transport;
 use tessera_journal::Journal;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,5 +57,88 @@ async fn a_fenced_append_is_refused_once_its_writer_was_replaced_anywhere() {
     assert_eq!(
         payloads(nodes[2].persistence.journal.as_ref(), pid).await,
         vec!["first-1", "second-2"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_append_is_taken_across_its_writers_move_of_the_log() {
+    let (network, nodes) = cluster(4).await;
+    let pid = "#fenced|moves";
+    let journal = nodes[0].persistence.journal.clone();
+    let here = nodes[0].transport.local().address.clone();
+    let opened = journal.open_fenced(pid).await.unwrap();
+    journal
+        .append_fenced(write(pid, 1, "before"), opened.epoch)
+        .await
+        .unwrap();
+    let config = journal.writer_status(pid).await.unwrap().config.unwrap();
+    let gone = config
+        .members
+        .iter()
+        .find(|m| m.address != here)
+        .unwrap()
+        .address
+        .clone();
+    // Slow messages make the move (locating the spare, two rounds of fencing) long enough
+    // for a save to arrive during it.
+    for node in &nodes {
+        let other = node.transport.local().address.clone();
+        if other != here {
+            network.set_delay(&here, &other, Duration::from_millis(100));
+            network.set_delay(&other, &here, Duration::from_millis(100));
+        }
+    }
+    network.crash(&gone);
+    let remaining: Vec<Address> = nodes
+        .iter()
+        .map(|n| n.transport.local().address.clone())
+        .filter(|address| *address != gone)
+        .collect();
+    for node in &nodes {
+        let address = node.transport.local().address.clone();
+        if let Some(me) = remaining.iter().position(|a| *a == address) {
+            node.membership.send_replace(snapshot(me, &remaining));
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let phase = journal.writer_status(pid).await.map(|s| s.phase);
+        if phase.is_some_and(|p| p != "serving") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer never moved the log off {gone}: {phase:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Asked while the writer recovers the log under a new epoch of its own: it waits, and
+    // is taken once the writer serves again, as is the next.
+    journal
+        .append_fenced(write(pid, 2, "during"), opened.epoch)
+        .await
+        .expect("a save during the writer's own move is taken");
+    journal
+        .append_fenced(write(pid, 3, "after"), opened.epoch)
+        .await
+        .expect("a save after the writer's own move is taken");
+    let status = journal.writer_status(pid).await.unwrap();
+    assert!(status.epoch > Some(opened.epoch), "{status:?}");
+    assert!(
+        !status
+            .config
+            .unwrap()
+            .members
+            .iter()
+            .any(|m| m.address == gone),
+        "the log did not move off {gone}"
+    );
+    let other = nodes
+        .iter()
+        .find(|n| n.transport.local().address != here && n.transport.local().address != gone)
+        .unwrap();
+    assert_eq!(
+        payloads(other.persistence.journal.as_ref(), pid).await,
+        vec!["before", "during", "after"]
     );
 }

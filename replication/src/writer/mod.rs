@@ -149,6 +149,13 @@ pub enum NotApplied {
     Stopped(StopReason),
     #[error("the log did not become ready within {waited:?}; nothing was written")]
     Waited { waited: Duration },
+    /// A fenced append ([`LogWriter::append_fenced`]) named another opening of the log, or
+    /// another writer took the log over after this one opened it.
+    #[error(
+        "the log was opened with epoch {opened}, and another writer (epoch {by}) took it over \
+         since, or it was never opened so: open it again"
+    )]
+    TakenOver { opened: Epoch, by: Epoch },
 }
 
 /// The outcome of an operation.
@@ -209,6 +216,8 @@ pub(crate) struct Queued<P> {
     pub op: OpId,
     pub operation: Operation<P>,
     pub submitted: Instant,
+    /// Taken only while the writer still holds the log as it opened it with this epoch.
+    pub fence: Option<Epoch>,
 }
 
 /// What a request was sent for; its answer goes back to the phase that sent it.
@@ -318,6 +327,12 @@ pub struct LogWriter<P> {
     counters: WriterCounters,
     /// The configuration served last, to count changes.
     served_config: Option<Configuration>,
+    /// The epoch it served with when it first became ready: what a fenced append names.
+    opened: Option<Epoch>,
+    /// The highest epoch of another writer instance seen in any answer (a promise, an
+    /// entry, a configuration). Above `opened`, another writer took the log over after it
+    /// was opened here, even if this one took it back since (see [`LogWriter::append_fenced`]).
+    foreign: Epoch,
 }
 
 impl<P: Payload> LogWriter<P> {
@@ -345,6 +360,8 @@ impl<P: Payload> LogWriter<P> {
             ready: false,
             counters: WriterCounters::default(),
             served_config: None,
+            opened: None,
+            foreign: Epoch::ZERO,
         };
         let next = match known {
             Some(known) => Next::Recover(RecoverFrom {
@@ -482,9 +499,115 @@ impl<P: Payload> LogWriter<P> {
                     payloads,
                 },
                 submitted: now,
+                fence: None,
             },
             now,
         );
+    }
+
+    /// As [`LogWriter::append`], but only while this writer holds the log as it opened it
+    /// with `opened` ([`LogWriter::opened_epoch`]): refused (not applied, `TakenOver`) once
+    /// an answer showed that another writer took the log over after that — even when this
+    /// writer took it back since, as a configuration change's recovery does when it meets a
+    /// later writer's promise. A recovery of this writer that met none keeps the opening:
+    /// such a writer moves its log between members without losing its fenced callers.
+    ///
+    /// Why nothing is missed: a writer that took the log over finished its recovery by
+    /// sealing its epoch on W members of a quorum of every configuration it recovered on,
+    /// so any later recovery here (on the same configuration or a change from it) hears that
+    /// epoch, in a promise it is refused with or in the tail it adopts; and while this writer
+    /// serves without recovering, the taker's promises refuse its writes.
+    pub fn append_fenced(
+        &mut self,
+        op: OpId,
+        first_seq: u64,
+        payloads: Vec<P>,
+        opened: Epoch,
+        now: Instant,
+    ) {
+        self.submit(
+            Queued {
+                op,
+                operation: Operation::Append {
+                    first_seq,
+                    payloads,
+                },
+                submitted: now,
+                fence: Some(opened),
+            },
+            now,
+        );
+    }
+
+    /// The epoch it served with when it first became ready, once it did.
+    pub fn opened_epoch(&self) -> Option<Epoch> {
+        self.opened
+    }
+
+    /// Whether an answer showed another writer taking the log over after it was opened here.
+    pub fn taken_over(&self) -> bool {
+        self.opened.is_some_and(|opened| self.foreign > opened)
+    }
+
+    /// Whether a fenced operation naming `opened` may still be taken.
+    fn holds_opening(&self, opened: Epoch) -> bool {
+        self.opened == Some(opened) && !self.taken_over()
+    }
+
+    fn taken_over_outcome(&self, opened: Epoch) -> Outcome {
+        Outcome::NotApplied(NotApplied::TakenOver {
+            opened,
+            by: self.foreign,
+        })
+    }
+
+    /// Records the epochs of other writers an answer carries; once one is above the
+    /// opening, fenced operations still waiting are refused.
+    fn note_foreign(&mut self, response: &Response<P>) {
+        let mut note = |epoch: Epoch| {
+            if epoch.writer != self.writer_id && epoch > self.foreign {
+                self.foreign = epoch;
+            }
+        };
+        let summary = match response {
+            Response::Fenced { promise } => {
+                note(*promise);
+                None
+            }
+            Response::Located { summary, .. } => summary.as_ref(),
+            Response::Promised { summary, .. }
+            | Response::Appended { summary }
+            | Response::Sealed { summary }
+            | Response::Entries { summary, .. }
+            | Response::Installed { summary }
+            | Response::Deleted { summary }
+            | Response::Mismatch { summary }
+            | Response::Confirmed { summary, .. } => Some(summary),
+            Response::Invalid { .. } | Response::Leased { .. } => None,
+        };
+        if let Some(summary) = summary {
+            note(summary.promise);
+            note(summary.last.epoch);
+            note(summary.base.epoch);
+            if let Some(at) = &summary.config {
+                note(at.epoch);
+            }
+        }
+        if self.taken_over() {
+            let queue = std::mem::take(&mut self.queue);
+            for queued in queue {
+                match queued.fence {
+                    Some(opened) => {
+                        let outcome = self.taken_over_outcome(opened);
+                        self.out.push(Output::Completed {
+                            op: queued.op,
+                            outcome,
+                        });
+                    }
+                    None => self.queue.push_back(queued),
+                }
+            }
+        }
     }
 
     /// Deletes the entries up to `to` (never past what is acknowledged).
@@ -494,6 +617,7 @@ impl<P: Payload> LogWriter<P> {
                 op,
                 operation: Operation::DeleteTo { to },
                 submitted: now,
+                fence: None,
             },
             now,
         );
@@ -512,6 +636,7 @@ impl<P: Payload> LogWriter<P> {
                 op,
                 operation: Operation::Confirm { highest },
                 submitted: now,
+                fence: None,
             },
             now,
         );
@@ -520,6 +645,16 @@ impl<P: Payload> LogWriter<P> {
     fn submit(&mut self, queued: Queued<P>, now: Instant) {
         if let Phase::Stopped(reason) = &self.phase {
             let outcome = Outcome::NotApplied(NotApplied::Stopped(reason.clone()));
+            self.out.push(Output::Completed {
+                op: queued.op,
+                outcome,
+            });
+            return;
+        }
+        if let Some(opened) = queued.fence
+            && !self.holds_opening(opened)
+        {
+            let outcome = self.taken_over_outcome(opened);
             self.out.push(Output::Completed {
                 op: queued.op,
                 outcome,
@@ -566,6 +701,7 @@ impl<P: Payload> LogWriter<P> {
             // Answered after it timed out, or not ours: the phase moved on.
             return;
         };
+        self.note_foreign(&response);
         let next = self.dispatch(now, |phase, ctx| match phase {
             Phase::Locating(l) => l.on_response(ctx, id, &sent.to, response),
             Phase::Recovering(r) => r.on_response(ctx, id, &sent.to, response),
@@ -732,6 +868,7 @@ impl<P: Payload> LogWriter<P> {
                     self.served_config = config;
                     if !self.ready {
                         self.ready = true;
+                        self.opened = Some(serving.epoch());
                         self.out.push(Output::Ready {
                             highest: serving.last().seq,
                         });

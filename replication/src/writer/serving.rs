@@ -142,6 +142,10 @@ impl<P: Payload> Serving<P> {
         self.deleted_to
     }
 
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
     pub fn status(&self) -> WriterStatus {
         WriterStatus {
             phase: "serving",
