@@ -654,17 +654,19 @@ async fn a_new_log_waits_for_membership_to_converge() {
 /// log was moving the log off a member that left asked for the log (`Ready`) during the move,
 /// and was never answered: the writer serves again after a move without announcing it, so the
 /// entity's recovery waited for ever and every command to it timed out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_again() {
-    let (network, nodes) = cluster(4).await;
-    let a = nodes[0].persistence.journal.clone();
+/// Crashes a member of `pid`'s configuration other than node 0 (whose writer serves the log),
+/// tells the others it left, and returns once node 0's writer is moving the log off it. Every
+/// message to and from node 0 takes `delay`, so that the move (locating the spare, then two
+/// rounds of fencing) lasts long enough to ask something during it.
+async fn start_moving_off_a_member(
+    network: &MemoryNetwork,
+    nodes: &[Node],
+    pid: &str,
+    delay: Duration,
+) -> Address {
+    let journal = &nodes[0].persistence.journal;
     let here = nodes[0].transport.local().address.clone();
-    for seq in 1..=3 {
-        a.append(write("log-m", seq, &format!("e{seq}")))
-            .await
-            .unwrap();
-    }
-    let config = a.writer_status("log-m").await.unwrap().config.unwrap();
+    let config = journal.writer_status(pid).await.unwrap().config.unwrap();
     let gone = config
         .members
         .iter()
@@ -672,13 +674,11 @@ async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_
         .unwrap()
         .address
         .clone();
-    // Every message to and from this node takes a while, so that the move (locating the
-    // spare, then two rounds of fencing) lasts long enough to ask during it.
-    for node in &nodes {
+    for node in nodes {
         let other = node.transport.local().address.clone();
         if other != here {
-            network.set_delay(&here, &other, Duration::from_millis(150));
-            network.set_delay(&other, &here, Duration::from_millis(150));
+            network.set_delay(&here, &other, delay);
+            network.set_delay(&other, &here, delay);
         }
     }
     network.crash(&gone);
@@ -687,7 +687,7 @@ async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_
         .map(|n| n.transport.local().address.clone())
         .filter(|address| *address != gone)
         .collect();
-    for node in &nodes {
+    for node in nodes {
         let address = node.transport.local().address.clone();
         if let Some(me) = remaining.iter().position(|a| *a == address) {
             node.membership.send_replace(snapshot(me, &remaining));
@@ -695,9 +695,9 @@ async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let phase = a.writer_status("log-m").await.map(|s| s.phase);
+        let phase = journal.writer_status(pid).await.map(|s| s.phase);
         if phase.is_some_and(|p| p != "serving") {
-            break;
+            return gone;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -705,6 +705,19 @@ async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_asked_while_the_writer_moves_the_log_is_answered_when_it_serves_again() {
+    let (network, nodes) = cluster(4).await;
+    let a = nodes[0].persistence.journal.clone();
+    for seq in 1..=3 {
+        a.append(write("log-m", seq, &format!("e{seq}")))
+            .await
+            .unwrap();
+    }
+    let gone =
+        start_moving_off_a_member(&network, &nodes, "log-m", Duration::from_millis(150)).await;
     let journal = a.clone();
     let asked = tokio::spawn(async move { journal.highest_sequence_nr("log-m").await });
     let answer = tokio::time::timeout(Duration::from_secs(15), asked)

@@ -3,9 +3,8 @@
 //! and not after a new writer on the same node recovered it again; but across the writer's
 //! own moves of the log off a member that left.
 
-use super::{cluster, payloads, snapshot, write};
+use super::{cluster, payloads, start_moving_off_a_member, write};
 use std::time::Duration;
-use tessera_cluster::Address;
 use tessera_cluster::transport::Transport;
 use tessera_journal::Journal;
 
@@ -71,47 +70,8 @@ async fn a_fenced_append_is_taken_across_its_writers_move_of_the_log() {
         .append_fenced(write(pid, 1, "before"), opened.epoch)
         .await
         .unwrap();
-    let config = journal.writer_status(pid).await.unwrap().config.unwrap();
-    let gone = config
-        .members
-        .iter()
-        .find(|m| m.address != here)
-        .unwrap()
-        .address
-        .clone();
-    // Slow messages make the move (locating the spare, two rounds of fencing) long enough
-    // for a save to arrive during it.
-    for node in &nodes {
-        let other = node.transport.local().address.clone();
-        if other != here {
-            network.set_delay(&here, &other, Duration::from_millis(100));
-            network.set_delay(&other, &here, Duration::from_millis(100));
-        }
-    }
-    network.crash(&gone);
-    let remaining: Vec<Address> = nodes
-        .iter()
-        .map(|n| n.transport.local().address.clone())
-        .filter(|address| *address != gone)
-        .collect();
-    for node in &nodes {
-        let address = node.transport.local().address.clone();
-        if let Some(me) = remaining.iter().position(|a| *a == address) {
-            node.membership.send_replace(snapshot(me, &remaining));
-        }
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let phase = journal.writer_status(pid).await.map(|s| s.phase);
-        if phase.is_some_and(|p| p != "serving") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the writer never moved the log off {gone}: {phase:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Slow messages make the move long enough for a save to arrive during it.
+    let gone = start_moving_off_a_member(&network, &nodes, pid, Duration::from_millis(100)).await;
     // Asked while the writer recovers the log under a new epoch of its own: it waits, and
     // is taken once the writer serves again, as is the next.
     journal

@@ -491,18 +491,7 @@ impl<P: Payload> LogWriter<P> {
 
     /// Appends `payloads` at `first_seq..`. The outcome comes as [`Output::Completed`].
     pub fn append(&mut self, op: OpId, first_seq: u64, payloads: Vec<P>, now: Instant) {
-        self.submit(
-            Queued {
-                op,
-                operation: Operation::Append {
-                    first_seq,
-                    payloads,
-                },
-                submitted: now,
-                fence: None,
-            },
-            now,
-        );
+        self.submit_append(op, first_seq, payloads, None, now);
     }
 
     /// As [`LogWriter::append`], but only while this writer holds the log as it opened it
@@ -525,6 +514,17 @@ impl<P: Payload> LogWriter<P> {
         opened: Epoch,
         now: Instant,
     ) {
+        self.submit_append(op, first_seq, payloads, Some(opened), now);
+    }
+
+    fn submit_append(
+        &mut self,
+        op: OpId,
+        first_seq: u64,
+        payloads: Vec<P>,
+        fence: Option<Epoch>,
+        now: Instant,
+    ) {
         self.submit(
             Queued {
                 op,
@@ -533,7 +533,7 @@ impl<P: Payload> LogWriter<P> {
                     payloads,
                 },
                 submitted: now,
-                fence: Some(opened),
+                fence,
             },
             now,
         );
