@@ -484,6 +484,20 @@ async fn load(journal: Arc<dyn Journal>, logs: &[String]) -> Result<(), Projecti
     results.into_iter().collect()
 }
 
+/// Waits for the stores' flushes and compactions of a load: the projection's read and the
+/// local replay each start on stores that finished their background work.
+async fn settle(
+    stores: impl IntoIterator<Item = Arc<RocksJournal>>,
+) -> Result<(), ProjectionsBenchError> {
+    for store in stores {
+        store
+            .settle()
+            .await
+            .map_err(|e| other(format!("a store did not settle after the load: {e}")))?;
+    }
+    Ok(())
+}
+
 async fn catch_up_workload(
     params: &ProjectionsBenchParams,
     nodes: &[RunningNode],
@@ -503,6 +517,7 @@ async fn catch_up_workload(
     ));
     let replicated: Arc<dyn Journal> = nodes[0].handle().replicated_journal().clone();
     load(replicated, &bulk).await?;
+    settle(nodes.iter().map(|node| node.local_journal().clone())).await?;
     let total = bulk.len() as u64 * EVENTS_PER_LOG + live_logs.iter().map(|(_, n)| n).sum::<u64>();
     progress(&format!(
         "{workload}: the projection reads {total} events from offset zero"
@@ -519,6 +534,7 @@ async fn catch_up_workload(
     ));
     let local_journal: Arc<dyn Journal> = local.clone();
     load(local_journal, &bulk).await?;
+    settle([local.clone()]).await?;
     let mut logs: Vec<(String, u64)> = bulk.into_iter().map(|pid| (pid, EVENTS_PER_LOG)).collect();
     logs.extend(live_logs.iter().cloned());
     let (replayed, replay_time) = replay(local.clone(), logs).await?;

@@ -19,6 +19,7 @@ use crate::offset_log::{OffsetJournal, OffsetLog, offset_log_id};
 use crate::settings::{FailureAction, ProjectionSettings};
 use crate::status::{InstanceStatus, ProjectionStatuses, RunState};
 use futures::StreamExt;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_daemon::DaemonContext;
@@ -76,6 +77,10 @@ struct Run<E: EntityType> {
     index: u32,
     codec: Codec<E>,
     offset: SliceOffset,
+    /// The logs whose sequence numbers moved since the offset was saved last.
+    moved: BTreeSet<String>,
+    /// The events the offset passed: its sequence numbers summed.
+    offset_events: u64,
     log: OffsetLog,
     unsaved: u32,
     first_unsaved: Option<Instant>,
@@ -214,12 +219,15 @@ async fn run_once<E: EntityType>(
         || template.clone(),
         |s| s.resets_applied = applied,
     );
+    let offset_events = offset.iter().map(|(_, seq)| seq).sum();
     let mut run = Run {
         setup,
         template: template.clone(),
         index,
         codec: Codec::new(),
         offset,
+        moved: BTreeSet::new(),
+        offset_events,
         log,
         unsaved: 0,
         first_unsaved: None,
@@ -245,7 +253,7 @@ impl<E: EntityType> Run<E> {
 
     fn note_offset(&self) {
         let logs = self.offset.len() as u64;
-        let events = self.offset.iter().map(|(_, seq)| seq).sum();
+        let events = self.offset_events;
         self.status(|s| {
             s.offset_logs = logs;
             s.offset_events = events;
@@ -316,7 +324,7 @@ impl<E: EntityType> Run<E> {
                     Ok(SliceItem::Deleted {
                         persistence_id, to, ..
                     }) => {
-                        self.offset.advance(&persistence_id, to);
+                        self.advance(&persistence_id, to);
                     }
                     // A repeat of what the offset already passed is skipped by
                     // (persistence id, sequence number).
@@ -473,11 +481,21 @@ impl<E: EntityType> Run<E> {
     /// Moves the offset past `events`.
     fn passed(&mut self, events: &[SliceEnvelope]) {
         for envelope in events {
-            self.offset
-                .advance(&envelope.event.persistence_id, envelope.event.sequence_nr);
+            self.advance(&envelope.event.persistence_id, envelope.event.sequence_nr);
         }
         self.unsaved += events.len() as u32;
         self.first_unsaved.get_or_insert_with(Instant::now);
+    }
+
+    /// Moves the offset of one log to `sequence_nr` (nothing when it is there already).
+    fn advance(&mut self, persistence_id: &str, sequence_nr: u64) {
+        let before = self.offset.get(persistence_id);
+        if self.offset.advance(persistence_id, sequence_nr) {
+            self.offset_events += sequence_nr - before;
+            if !self.moved.contains(persistence_id) {
+                self.moved.insert(persistence_id.to_string());
+            }
+        }
     }
 
     fn decode(&self, events: &[SliceEnvelope]) -> Result<Vec<Envelope<E>>, String> {
@@ -515,6 +533,7 @@ impl<E: EntityType> Run<E> {
     async fn save(&mut self) -> Result<(), String> {
         if matches!(self.setup.handling, Handling::Exactly { .. }) {
             // The handler committed every group's offset itself.
+            self.moved.clear();
             self.unsaved = 0;
             self.first_unsaved = None;
             self.note_offset();
@@ -523,8 +542,9 @@ impl<E: EntityType> Run<E> {
         if self.unsaved == 0 && self.first_unsaved.is_none() {
             return Ok(());
         }
-        match self.log.save(&self.offset).await {
+        match self.log.save(&self.offset, &self.moved).await {
             Ok(()) => {
+                self.moved.clear();
                 self.unsaved = 0;
                 self.first_unsaved = None;
                 self.status(|s| s.saves += 1);

@@ -14,6 +14,7 @@
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_journal::{AtomicWrite, Journal, JournalError, Manifest, NewEvent, SliceOffset};
@@ -109,7 +110,6 @@ pub struct OffsetLog {
     persistence_id: String,
     writer_id: String,
     highest: u64,
-    saved: SliceOffset,
     saves_since_full: u32,
     /// The resets applied to the offset.
     resets: u64,
@@ -170,7 +170,6 @@ impl OffsetLog {
             persistence_id,
             writer_id,
             highest,
-            saved: offset.clone(),
             saves_since_full: 0,
             resets,
         };
@@ -189,19 +188,31 @@ impl OffsetLog {
         self.resets
     }
 
-    /// The offset as saved last.
-    pub fn saved(&self) -> &SliceOffset {
-        &self.saved
-    }
-
-    /// Saves `offset`: the logs that moved since the last save (nothing when none did).
-    pub async fn save(&mut self, offset: &SliceOffset) -> Result<(), OffsetError> {
+    /// Saves `offset`, of which the logs in `moved` are those that moved since the last
+    /// save: a record of those alone (nothing is written when none did), or, every
+    /// [`FULL_RECORD_EVERY`] saves, a full one.
+    ///
+    /// A log that moved and is missing from `moved` is saved by the next full record only;
+    /// the caller names each one (a run's moves are a handful of the logs it follows, so the
+    /// record is not made by a walk over all of them).
+    pub async fn save(
+        &mut self,
+        offset: &SliceOffset,
+        moved: &BTreeSet<String>,
+    ) -> Result<(), OffsetError> {
         let full = self.saves_since_full + 1 >= FULL_RECORD_EVERY;
-        let seqs: Vec<(String, u64)> = offset
-            .iter()
-            .filter(|(pid, seq)| full || *seq > self.saved.get(pid))
-            .map(|(pid, seq)| (pid.to_string(), seq))
-            .collect();
+        let seqs: Vec<(String, u64)> = if full {
+            offset
+                .iter()
+                .map(|(pid, seq)| (pid.to_string(), seq))
+                .collect()
+        } else {
+            moved
+                .iter()
+                .map(|pid| (pid.clone(), offset.get(pid)))
+                .filter(|(_, seq)| *seq > 0)
+                .collect()
+        };
         if seqs.is_empty() && !full {
             return Ok(());
         }
@@ -211,7 +222,6 @@ impl OffsetLog {
             resets: self.resets,
         })
         .await?;
-        self.saved = offset.clone();
         if full {
             self.saves_since_full = 0;
             // The full record holds everything before it.
@@ -242,7 +252,6 @@ impl OffsetLog {
             resets,
         })
         .await?;
-        self.saved = offset.clone();
         self.saves_since_full = 0;
         self.resets = resets;
         Ok(())
@@ -301,12 +310,13 @@ mod tests {
         assert!(offset.is_empty());
         let mut offset = SliceOffset::start();
         for round in 1..=(FULL_RECORD_EVERY as u64 * 2 + 3) {
-            offset.advance(&format!("account|{}", round % 7), round);
-            log.save(&offset).await.unwrap();
+            let pid = format!("account|{}", round % 7);
+            offset.advance(&pid, round);
+            log.save(&offset, &BTreeSet::from([pid])).await.unwrap();
         }
         // Nothing moved: nothing written.
         let highest = memory.highest_sequence_nr(&id).await.unwrap();
-        log.save(&offset).await.unwrap();
+        log.save(&offset, &BTreeSet::new()).await.unwrap();
         assert_eq!(memory.highest_sequence_nr(&id).await.unwrap(), highest);
         let (_, reopened) = OffsetLog::open(journal.clone(), id.clone(), "w".into())
             .await
@@ -322,7 +332,9 @@ mod tests {
         let mut reset = SliceOffset::start();
         reset.advance("account|1", 2);
         log.replace(&reset, 3).await.unwrap();
-        log.save(&reset).await.unwrap();
+        log.save(&reset, &BTreeSet::from(["account|1".to_string()]))
+            .await
+            .unwrap();
         let (log, reopened) = OffsetLog::open(journal, id, "w".into()).await.unwrap();
         assert_eq!(reopened, reset);
         assert_eq!(log.resets(), 3, "the resets applied survive the reopen");

@@ -94,13 +94,18 @@ impl InstanceStatus {
 /// The instances on this node, by projection and index. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct ProjectionStatuses {
-    inner: Arc<Mutex<BTreeMap<(String, u32), InstanceStatus>>>,
+    /// By projection, then by index: a lookup by name borrows it (statuses change per
+    /// envelope handled).
+    inner: Arc<Mutex<BTreeMap<String, BTreeMap<u32, InstanceStatus>>>>,
 }
 
 impl ProjectionStatuses {
     /// Every instance that ran on this node, in order.
     pub fn all(&self) -> Vec<InstanceStatus> {
-        self.lock().values().cloned().collect()
+        self.lock()
+            .values()
+            .flat_map(|instances| instances.values().cloned())
+            .collect()
     }
 
     /// Changes the status of one instance (made from `initial` the first time).
@@ -112,13 +117,15 @@ impl ProjectionStatuses {
         change: impl FnOnce(&mut InstanceStatus),
     ) {
         let mut all = self.lock();
-        let status = all
-            .entry((projection.to_string(), index))
-            .or_insert_with(initial);
-        change(status);
+        if let Some(instances) = all.get_mut(projection) {
+            change(instances.entry(index).or_insert_with(initial));
+            return;
+        }
+        let instances = all.entry(projection.to_string()).or_default();
+        change(instances.entry(index).or_insert_with(initial));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u32), InstanceStatus>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeMap<u32, InstanceStatus>>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -18,7 +18,7 @@
 
 use crate::message::{Entry, Request, Response};
 use crate::writer::RequestId;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 use tessera_cluster::Address;
 
@@ -180,6 +180,16 @@ impl Followed {
         }
     }
 
+    /// Whether a read of this log may become possible with time alone: it waits out a
+    /// failed read, or a source is passed over for a while.
+    fn waiting(&self, now: Instant) -> bool {
+        self.not_before.is_some_and(|t| t > now)
+            || self
+                .sources
+                .values()
+                .any(|r| r.failed_until.is_some_and(|until| until > now))
+    }
+
     /// Whether a source other than `except`, not failing, still holds the next entry,
     /// acknowledged.
     fn another_holds_next(&self, except: &Address, now: Instant) -> bool {
@@ -203,6 +213,10 @@ pub struct CommittedReader<P> {
     settings: ReaderSettings,
     sabotage: ReaderSabotage,
     logs: BTreeMap<String, Followed>,
+    /// The logs a read may be due for: every log whose state changed since a pump last
+    /// found nothing to read of it, or that waits out a failure. A pump looks at these
+    /// alone (a reader follows thousands of logs, and most have nothing new).
+    due: BTreeSet<String>,
     sent: BTreeMap<RequestId, Out>,
     next_request: RequestId,
     delivered: VecDeque<Delivered<P>>,
@@ -217,6 +231,7 @@ impl<P: Clone> CommittedReader<P> {
             settings,
             sabotage: ReaderSabotage::default(),
             logs: BTreeMap::new(),
+            due: BTreeSet::new(),
             sent: BTreeMap::new(),
             next_request: first_request,
             delivered: VecDeque::new(),
@@ -235,6 +250,13 @@ impl<P: Clone> CommittedReader<P> {
     pub fn follow(&mut self, log: &str, delivered: u64) {
         let followed = self.logs.entry(log.to_string()).or_default();
         followed.delivered = followed.delivered.max(delivered);
+        self.mark_due(log);
+    }
+
+    fn mark_due(&mut self, log: &str) {
+        if !self.due.contains(log) {
+            self.due.insert(log.to_string());
+        }
     }
 
     /// The offset of every log followed: its last delivered sequence number.
@@ -289,6 +311,7 @@ impl<P: Clone> CommittedReader<P> {
                 failed_until: None,
             },
         );
+        self.mark_due(log);
     }
 
     /// Forgets `source` for every log (it left the cluster).
@@ -323,14 +346,30 @@ impl<P: Clone> CommittedReader<P> {
         if self.delivered.len() >= self.settings.max_undelivered {
             return;
         }
-        for (log, followed) in self.logs.iter_mut() {
+        let sabotage = self.sabotage;
+        // Dropped from the due logs: what is read now, or holds nothing to read until its
+        // state changes (which marks it due again). Kept: what waits for time to pass, and
+        // what was not looked at because the reads in flight reached their limit.
+        let mut done = Vec::new();
+        for log in &self.due {
             if self.sent.len() >= self.settings.max_reads_in_flight {
                 break;
             }
-            if followed.reading.is_some() || followed.not_before.is_some_and(|t| t > now) {
+            let Some(followed) = self.logs.get_mut(log) else {
+                done.push(log.clone());
+                continue;
+            };
+            if followed.reading.is_some() {
+                done.push(log.clone());
                 continue;
             }
-            let Some((source, to)) = followed.best_source(self.sabotage, now) else {
+            if followed.not_before.is_some_and(|t| t > now) {
+                continue;
+            }
+            let Some((source, to)) = followed.best_source(sabotage, now) else {
+                if !followed.waiting(now) {
+                    done.push(log.clone());
+                }
                 continue;
             };
             let source = source.clone();
@@ -357,6 +396,10 @@ impl<P: Clone> CommittedReader<P> {
                     max_bytes: self.settings.max_bytes_per_read,
                 },
             });
+            done.push(log.clone());
+        }
+        for log in done {
+            self.due.remove(&log);
         }
     }
 
@@ -372,6 +415,10 @@ impl<P: Clone> CommittedReader<P> {
             return;
         }
         followed.reading = None;
+        // Whatever the answer, the log may be read again (on, elsewhere, or later).
+        if !self.due.contains(&out.log) {
+            self.due.insert(out.log.clone());
+        }
         let Response::Entries { entries, summary } = response else {
             // Not an answer to a read: try again later, elsewhere first.
             let retry = self.settings.retry_interval;
@@ -430,6 +477,7 @@ impl<P: Clone> CommittedReader<P> {
         {
             followed.reading = None;
             followed.failed(&out.to, now, self.settings.retry_interval);
+            self.due.insert(out.log);
         }
     }
 

@@ -53,6 +53,9 @@ pub fn event_key(pid_num: u64, sequence_nr: u64) -> [u8; 16] {
 ///   marked 6, the store is refused by it at open.
 pub const STORE_FORMAT_VERSION: u32 = 6;
 
+/// The longest [`RocksJournal::settle`] waits.
+pub const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// What the writer, the readers and the handle share.
 pub(crate) struct Shared {
     pub db: DB,
@@ -383,6 +386,22 @@ impl RocksJournal {
     ) -> BoxFuture<'static, Result<Vec<(String, ConfigAt)>, JournalError>> {
         let shared = self.shared.clone();
         blocking(move || replica::logs(&shared, after.as_deref(), limit))
+    }
+
+    /// Waits until RocksDB's background work is done: the memtables written so far are
+    /// flushed and no compaction is pending or running (the journal's own deletions between
+    /// groups are not waited for). For benchmarks, which compare reads of the same events on
+    /// stores in the same state. Fails after [`SETTLE_TIMEOUT`].
+    pub fn settle(&self) -> BoxFuture<'static, Result<(), JournalError>> {
+        let shared = self.shared.clone();
+        blocking(move || {
+            let mut options = rocksdb::WaitForCompactOptions::default();
+            options.set_flush(true);
+            // Writes that go on could keep it waiting for ever.
+            options.set_timeout(SETTLE_TIMEOUT.as_micros() as u64);
+            shared.db.wait_for_compact(&options)?;
+            Ok(())
+        })
     }
 
     /// Finishes the writes queued so far, stops the writer and closes the journal. The

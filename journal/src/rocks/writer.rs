@@ -46,6 +46,12 @@ const GROUPS_PER_DELETION_STEP: u32 = 16;
 /// Pending compaction requests; further ones are dropped (RocksDB's own compaction gets to the
 /// range eventually).
 const COMPACTION_QUEUE_CAPACITY: usize = 16;
+/// A deletion of fewer events is not followed by a compaction of its range. Such a
+/// compaction rewrites every file that overlaps the range — the level-0 files and a
+/// bottom-level file of many logs, tens of megabytes, for a few records (a projection's
+/// offset log deletes its records before each full one) — while the tombstones of a small
+/// deletion slow only reads of its own log, and RocksDB's own compactions drop them.
+const MIN_DELETED_EVENTS_TO_COMPACT: u64 = 4_096;
 
 /// A request to the writer.
 pub(crate) enum WriterRequest {
@@ -189,6 +195,28 @@ type CachedLog = reader::Log;
 struct PendingDeletion {
     from: u64,
     to: u64,
+    /// Where the deletion started, or resumed after a restart (`from` moves on as chunks
+    /// are removed).
+    first: u64,
+}
+
+impl PendingDeletion {
+    fn new(from: u64, to: u64) -> Self {
+        PendingDeletion {
+            from,
+            to,
+            first: from,
+        }
+    }
+
+    /// The same deletion, or the one pending before it, extended to `to`.
+    fn extended(before: Option<&PendingDeletion>, from: u64, to: u64) -> Self {
+        // The earliest pending start is the one recorded on disk: a restart resumes there.
+        match before {
+            Some(before) => PendingDeletion { to, ..*before },
+            None => PendingDeletion::new(from, to),
+        }
+    }
 }
 
 /// What a group changes, applied to the writer's memory only once the batch is durable.
@@ -295,13 +323,7 @@ fn load_deletions(shared: &Shared) -> Result<BTreeMap<u64, PendingDeletion>, Jou
             ));
         };
         let state = reader::state_of(shared, &reader::pid_name(shared, pid_num)?)?;
-        deletions.insert(
-            pid_num,
-            PendingDeletion {
-                from,
-                to: state.deleted_to,
-            },
-        );
+        deletions.insert(pid_num, PendingDeletion::new(from, state.deleted_to));
         iter.next();
     }
     iter.status()?;
@@ -881,17 +903,22 @@ impl Writer {
                 Mutation::DeleteTo(to) => {
                     let to = to.min(log.state.highest);
                     if to > log.state.deleted_to {
-                        let from = self
-                            .deletions
-                            .get(&log.pid_num)
-                            .map_or(log.state.deleted_to + 1, |pending| pending.from);
+                        let before = deletions
+                            .iter()
+                            .chain(staged.deletions.iter())
+                            .rev()
+                            .find(|(num, _)| *num == log.pid_num)
+                            .map(|(_, pending)| pending)
+                            .or_else(|| self.deletions.get(&log.pid_num));
+                        let pending =
+                            PendingDeletion::extended(before, log.state.deleted_to + 1, to);
                         log.state.deleted_to = to;
                         ops.push(Op::Put(
                             CF_META,
                             keys::deletion_key(log.pid_num),
-                            from.to_be_bytes().to_vec(),
+                            pending.from.to_be_bytes().to_vec(),
                         ));
-                        deletions.push((log.pid_num, PendingDeletion { from, to }));
+                        deletions.push((log.pid_num, pending));
                     }
                 }
             }
@@ -1146,15 +1173,22 @@ impl Writer {
             return Ok(());
         }
         let meta = self.shared.cf(CF_META)?;
-        let from = self
+        // A deletion staged earlier in this group is pending too.
+        let before = staged
             .deletions
-            .get(&log.pid_num)
-            .map_or(log.state.deleted_to + 1, |pending| pending.from);
+            .iter()
+            .rev()
+            .find(|(num, _)| *num == log.pid_num)
+            .map(|(_, pending)| pending)
+            .or_else(|| self.deletions.get(&log.pid_num));
+        let pending = PendingDeletion::extended(before, log.state.deleted_to + 1, to);
         log.state.deleted_to = to;
-        batch.put_cf(meta, keys::deletion_key(log.pid_num), from.to_be_bytes());
-        staged
-            .deletions
-            .push((log.pid_num, PendingDeletion { from, to }));
+        batch.put_cf(
+            meta,
+            keys::deletion_key(log.pid_num),
+            pending.from.to_be_bytes(),
+        );
+        staged.deletions.push((log.pid_num, pending));
         staged.logs.insert(pid.to_string(), log);
         Ok(())
     }
@@ -1172,6 +1206,9 @@ impl Writer {
             }
             Ok(None) => {
                 self.deletions.remove(&pid_num);
+                if (pending.to + 1).saturating_sub(pending.first) < MIN_DELETED_EVENTS_TO_COMPACT {
+                    return;
+                }
                 let _ = self.compactions.try_send((
                     pair_key(pid_num, 0).to_vec(),
                     pair_upper_bound(pid_num, pending.to).to_vec(),

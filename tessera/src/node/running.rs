@@ -331,6 +331,11 @@ impl Node {
         self.handle.http_address()
     }
 
+    /// The node's own store: its replicas of the logs placed on it.
+    pub fn local_journal(&self) -> &Arc<RocksJournal> {
+        &self.journal
+    }
+
     /// The instances of daemon `name` running on this node now (stopping ones included).
     pub fn daemon_instances(&self, name: &str) -> Vec<u32> {
         self.daemon_hosts
