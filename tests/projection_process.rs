@@ -11,9 +11,10 @@
 //!   instance's run ended.
 //! - Then, through the CLI, `account-ledger` is paused, reset and resumed: every event is
 //!   handled again, and `GET /projections` shows its lag back at 0.
-//! - A node paused with SIGSTOP until it is downed, then resumed: no exactly-once row of it
-//!   is committed, and no offset record of its instances accepted by the survivors' replicas,
-//!   after their successors started.
+//! - A node paused with SIGSTOP in the middle of its instances' transactions (held there by
+//!   table locks) until it is downed, then resumed: no exactly-once row of it is committed,
+//!   and no offset record of its instances accepted by the survivors' replicas, after their
+//!   successors started.
 
 mod common;
 
@@ -213,12 +214,16 @@ struct Row {
     amount: i64,
     handled_by: i32,
     written_at_ms: i64,
+    /// When the row's transaction committed (the server tracks commit timestamps).
+    committed_at_ms: i64,
 }
 
 async fn rows(client: &Client, table: &str) -> Vec<Row> {
     let query = format!(
         "SELECT persistence_id, sequence_nr, slice, amount, handled_by, \
-         (extract(epoch FROM written_at) * 1000)::bigint FROM {table} ORDER BY written_at"
+         (extract(epoch FROM written_at) * 1000)::bigint, \
+         (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000)::bigint \
+         FROM {table} ORDER BY written_at"
     );
     client
         .query(&query, &[])
@@ -232,6 +237,7 @@ async fn rows(client: &Client, table: &str) -> Vec<Row> {
             amount: row.get(3),
             handled_by: row.get(4),
             written_at_ms: row.get(5),
+            committed_at_ms: row.get(6),
         })
         .collect()
 }
@@ -552,8 +558,11 @@ async fn offset_log(http: SocketAddr, instance: &Instance) -> Option<OffsetLog> 
 
 struct OffsetLog {
     writer: Option<Epoch>,
-    replicas: BTreeMap<String, (u64, Epoch)>,
+    replicas: Replicas,
 }
+
+/// Each replica's (highest sequence number, last entry's epoch) by address.
+type Replicas = BTreeMap<String, (u64, Epoch)>;
 
 /// An epoch in its order: (counter, writer).
 type Epoch = (u64, String);
@@ -616,6 +625,136 @@ async fn cli(node: SocketAddr, args: &[&str]) -> String {
     stdout
 }
 
+/// The envelopes instance `index` of `projection` handled since its last save, as `http`
+/// reports it (0 when it does not answer).
+async fn unsaved(http: SocketAddr, projection: &str, index: u64) -> u64 {
+    let Some(json) = http_client::get(http, "/projections", Duration::from_secs(10))
+        .await
+        .ok()
+        .and_then(|r| r.json())
+    else {
+        return 0;
+    };
+    json["projections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["name"] == projection)
+        .flat_map(|p| p["instance_status"].as_array().into_iter().flatten())
+        .find(|i| i["index"].as_u64() == Some(index))
+        .and_then(|i| i["unsaved"].as_u64())
+        .unwrap_or(0)
+}
+
+/// A session queued for `table` locked against writes (behind whoever holds or waits for
+/// it), which holds the lock once it has it until released.
+struct TableLock {
+    pid: i32,
+    release: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TableLock {
+    async fn queue(server: &PostgresServer, table: &str) -> TableLock {
+        let client = connect(server).await;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("a backend")
+            .get(0);
+        let (release, released) = tokio::sync::oneshot::channel();
+        let lock = format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE");
+        let task = tokio::spawn(async move {
+            client.batch_execute(&lock).await.expect("the table locked");
+            let _ = released.await;
+            client.batch_execute("COMMIT").await.expect("unlocked");
+        });
+        TableLock { pid, release, task }
+    }
+
+    /// Lets the lock go once it is taken; returns when it was.
+    async fn release(self) {
+        let _ = self.release.send(());
+        self.task.await.expect("the lock's session");
+    }
+}
+
+/// Waits until no replica of the offset logs of `instances` (each with the node its
+/// successor runs on) grew for two seconds, four save intervals, as the successor's node sees
+/// them; returns what each replica then held.
+async fn wait_offset_logs_quiet(instances: &[(Instance, SocketAddr, Epoch)]) -> Vec<Replicas> {
+    let start = Instant::now();
+    let mut last: Option<(Vec<Replicas>, Instant)> = None;
+    loop {
+        let mut now = Vec::new();
+        for (instance, http, _) in instances {
+            let log = offset_log(*http, instance)
+                .await
+                .expect("the successor answers");
+            now.push(log.replicas);
+        }
+        match &last {
+            Some((then, since)) if *then == now => {
+                if since.elapsed() >= Duration::from_secs(2) {
+                    return now;
+                }
+            }
+            _ => last = Some((now, Instant::now())),
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the successors' offset logs still grow"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until `count` backends wait for a lock on `table`.
+async fn wait_lock_waiters(client: &Client, table: &str, count: i64) {
+    let start = Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::text::regclass",
+                &[&table],
+            )
+            .await
+            .expect("pg_locks")
+            .get(0);
+        if waiting >= count {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{waiting} of {count} handlers wait for {table}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until backend `pid` waits for a lock.
+async fn wait_backend_waiting(client: &Client, pid: i32) {
+    let start = Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .await
+            .expect("pg_locks")
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "backend {pid} waits for no lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn signal(node: &NodeProcess, signal: i32) {
     let pid = node.child.id().expect("running") as i32;
     // SAFETY: kill(2) with a pid we own and a valid signal has no memory effects.
@@ -636,15 +775,60 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
 
     // Not the oldest node (the coordinator's): the point is the projections' instances.
     let now = instances(http[0]).await.unwrap_or(before);
+    let runs = |i: usize, projection: &str| {
+        on_node(&now, &cluster.nodes[i].cluster).any(|instance| instance.projection == projection)
+    };
     let paused = (1..NODES)
-        .max_by_key(|i| on_node(&now, &cluster.nodes[*i].cluster).count())
+        .max_by_key(|i| {
+            let both = runs(*i, BALANCES) && runs(*i, LEDGER);
+            (both, on_node(&now, &cluster.nodes[*i].cluster).count())
+        })
         .expect("nodes");
     let paused_address = cluster.nodes[paused].cluster.clone();
     let paused_pid = cluster.nodes[paused].child.id().expect("running") as i32;
     let moved: Vec<Instance> = on_node(&now, &paused_address).cloned().collect();
-    assert!(!moved.is_empty(), "node {paused} runs no instance");
+    assert!(
+        runs(paused, BALANCES) && runs(paused, LEDGER),
+        "neither node but the oldest runs instances of both projections: {now:?}"
+    );
+    let paused_ledger = moved
+        .iter()
+        .find(|i| i.projection == LEDGER)
+        .expect("a ledger instance")
+        .index;
+    // The node is paused in the middle of its transactions, the pause a fence is for: every
+    // instance's handler is held in PostgreSQL first, `account-balances` between its effect
+    // and its offset commit, `account-ledger` in its insert.
+    let client = connect(&cluster.server).await;
+    let balances_lock = TableLock::queue(&cluster.server, "account_balance").await;
+    let mut ledger_lock = TableLock::queue(&cluster.server, "account_ledger").await;
+    wait_lock_waiters(&client, "account_balance", i64::from(INSTANCES)).await;
+    // The paused node's ledger instance must have handled envelopes it has not saved, so that
+    // it saves them on its way out: while its held call is the first since a save, every
+    // held insert is let go and the next ones held.
+    loop {
+        wait_lock_waiters(&client, "account_ledger", i64::from(INSTANCES)).await;
+        if unsaved(cluster.nodes[paused].http, LEDGER, paused_ledger).await > 0 {
+            break;
+        }
+        let next = TableLock::queue(&cluster.server, "account_ledger").await;
+        wait_backend_waiting(&client, next.pid).await;
+        std::mem::replace(&mut ledger_lock, next).release().await;
+    }
     println!("SIGSTOP node {paused} (process {paused_pid}): it runs {moved:?}");
     signal(&cluster.nodes[paused], libc::SIGSTOP);
+    // What the successors commit waits for the paused node's transactions to end: a lock on
+    // `account_event` queues behind them (their inserts hold the table), and every later
+    // insert behind it. So a commit of the paused node, if its fence let it through, would
+    // come before its successors' and be refused by nothing else.
+    let queued = TableLock::queue(&cluster.server, "account_event").await;
+    wait_backend_waiting(&client, queued.pid).await;
+    // Likewise the ledger: a second lock queues behind the held inserts, so that once they
+    // are let go the paused node's insert is done (in its own transaction) and every later
+    // one, the successors' included, waits until the end of the test: the successors then
+    // write no offset record, and one that a survivors' replica takes is the paused node's.
+    let ledger_queued = TableLock::queue(&cluster.server, "account_ledger").await;
+    wait_backend_waiting(&client, ledger_queued.pid).await;
 
     let survivors: Vec<&NodeProcess> = (0..NODES)
         .filter(|i| *i != paused)
@@ -664,7 +848,6 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
         on_node(all, &paused_address).count() == 0
     })
     .await;
-    let client = connect(&cluster.server).await;
     // The successors have started (each took its slot and offset log before it ran).
     let successors_started: i64 = client
         .query_one(
@@ -674,7 +857,7 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
         .await
         .expect("now")
         .get(0);
-    let mut successor_epochs = Vec::new();
+    let mut successors = Vec::new();
     for instance in &moved {
         let successor = after
             .iter()
@@ -689,21 +872,40 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
             .await
             .expect("the successor answers");
         let epoch = log.writer.expect("the successor writes its offset log");
-        successor_epochs.push((instance.clone(), epoch, log.replicas));
+        successors.push((instance.clone(), node.http, epoch));
     }
 
-    println!("SIGCONT node {paused}");
-    signal(&cluster.nodes[paused], libc::SIGCONT);
-    tokio::time::sleep(Duration::from_secs(10)).await;
     stop.store(true, Ordering::Relaxed);
     let outcomes = workload.await.expect("workload");
     println!("{} deposits", outcomes.len());
+    ledger_lock.release().await;
+    let quiet = wait_offset_logs_quiet(&successors).await;
+    // The held statements of `account-balances` go on while the node is still stopped; it
+    // resumes with their answers waiting, well within the pool's idle-transaction timeout
+    // (which would otherwise end its transactions for it).
+    balances_lock.release().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!("SIGCONT node {paused}");
+    signal(&cluster.nodes[paused], libc::SIGCONT);
+    tokio::time::timeout(DEADLINE, queued.release())
+        .await
+        .expect("the paused node's transactions end");
+    let exited = tokio::time::timeout(DEADLINE, cluster.nodes[paused].child.wait())
+        .await
+        .expect("the downed node exits")
+        .expect("its status");
+    println!("the paused node exited: {exited}");
+    // Again, after the wait above borrowed the paused node.
+    let survivors: Vec<&NodeProcess> = (0..NODES)
+        .filter(|i| *i != paused)
+        .map(|i| &cluster.nodes[i])
+        .collect();
 
     // No exactly-once row of the paused process after its successors started, none twice.
     let events = rows(&client, "account_event").await;
     let late: Vec<&Row> = events
         .iter()
-        .filter(|r| r.handled_by == paused_pid && r.written_at_ms > successors_started)
+        .filter(|r| r.handled_by == paused_pid && r.committed_at_ms > successors_started)
         .take(5)
         .collect();
     assert!(
@@ -719,53 +921,39 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
         events.len(),
         "an event is in account_event twice"
     );
-    // No offset of the paused node's instances accepted after their successors started: a
-    // survivors' replica whose offset log grew since grew with an epoch of a survivor's
-    // writer (the successor's, or the one a survivor recovered since), and a survivor writes
-    // each log with such an epoch; the paused node, if it still answers, took none over.
-    for (instance, epoch, at_start) in &successor_epochs {
-        let mut writers = vec![epoch.clone()];
-        let mut logs = Vec::new();
+    // No offset of the paused node's instances accepted after its successors started: the
+    // successors wrote none since their logs went quiet, so a survivors' replica whose log
+    // changed since (grew, or had its tail replaced) changed by a survivor's writer, with the
+    // successor's epoch or a later one (a survivor's that recovered the log since).
+    for ((instance, _, epoch), at_quiet) in successors.iter().zip(&quiet) {
         for node in &survivors {
             let log = offset_log(node.http, instance)
                 .await
                 .expect("a survivor answers");
-            writers.extend(log.writer.clone());
-            logs.push(log);
-        }
-        for log in &logs {
             for (address, (highest, last)) in &log.replicas {
-                let Some((highest_then, _)) = at_start.get(address) else {
+                let Some(then) = at_quiet.get(address) else {
                     continue;
                 };
                 assert!(
-                    highest <= highest_then || writers.contains(last),
+                    (highest, last) == (&then.0, &then.1) || last >= epoch,
                     "{instance:?}: the replica at {address} holds offset records up to \
-                     {highest} (it held {highest_then}) of epoch {last:?}, which no survivor \
-                     writes with ({writers:?})"
+                     {highest}, the last of epoch {last:?} (it held {then:?}), below the \
+                     successor's {epoch:?}"
                 );
             }
         }
-        assert!(
-            writers[1..].iter().any(|w| w >= epoch),
-            "{instance:?}: no survivor writes its offset log with the successor's epoch \
-             {epoch:?} or a later one: {writers:?}"
-        );
-        if let Some(log) = offset_log(cluster.nodes[paused].http, instance).await {
-            assert!(
-                log.writer.as_ref().is_none_or(|w| w < epoch),
-                "{instance:?}: the paused node took its offset log over: {:?}",
-                log.writer
-            );
-        }
     }
+    ledger_queued.release().await;
     println!(
         "{} exactly-once rows, none of process {paused_pid} after its successors started; \
          {} offset logs written only by their successors",
         events.len(),
-        successor_epochs.len()
+        successors.len()
     );
-    for node in &mut cluster.nodes {
-        kill(node).await;
+    // The paused node exited; the others are stopped here.
+    for (i, node) in cluster.nodes.iter_mut().enumerate() {
+        if i != paused {
+            kill(node).await;
+        }
     }
 }

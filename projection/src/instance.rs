@@ -254,9 +254,11 @@ impl<E: EntityType> Run<E> {
     fn note_offset(&self) {
         let logs = self.offset.len() as u64;
         let events = self.offset_events;
+        let unsaved = u64::from(self.unsaved);
         self.status(|s| {
             s.offset_logs = logs;
             s.offset_events = events;
+            s.unsaved = unsaved;
         });
     }
 
@@ -435,12 +437,14 @@ impl<E: EntityType> Run<E> {
                         let lag = events
                             .last()
                             .map(|e| now_ms().saturating_sub(e.event.timestamp_ms));
+                        self.passed(events);
+                        let unsaved = u64::from(self.unsaved);
                         self.status(|s| {
                             s.handled += events.len() as u64;
+                            s.unsaved = unsaved;
                             s.lag_ms = lag;
                             s.state = RunState::Running;
                         });
-                        self.passed(events);
                         return Ok(());
                     }
                     Err(error) => error.to_string(),
@@ -470,8 +474,12 @@ impl<E: EntityType> Run<E> {
         match settings.on_failure {
             FailureAction::Skip => {
                 tracing::warn!(projection = %self.setup.name, index = self.index, "{what}; skipped");
-                self.status(|s| s.skipped += events.len() as u64);
                 self.passed(events);
+                let unsaved = u64::from(self.unsaved);
+                self.status(|s| {
+                    s.skipped += events.len() as u64;
+                    s.unsaved = unsaved;
+                });
                 Ok(())
             }
             FailureAction::Stop => Err(End::Failed(what)),

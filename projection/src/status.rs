@@ -43,6 +43,11 @@ pub struct InstanceStatus {
     /// may have lost its slot).
     pub saves: u64,
     pub save_failures: u64,
+    /// Envelopes handled since the offset was last saved: what the next run handles again
+    /// if this one ends now without a save (0 for exactly-once delivery, whose handler
+    /// commits each group's offset).
+    #[serde(default)]
+    pub unsaved: u64,
     /// Logs in the offset, and the sum of their sequence numbers handled (events handled
     /// in all, as far as the offset knows).
     pub offset_logs: u64,
@@ -81,6 +86,7 @@ impl InstanceStatus {
             skipped: 0,
             saves: 0,
             save_failures: 0,
+            unsaved: 0,
             offset_logs: 0,
             offset_events: 0,
             lag_ms: None,

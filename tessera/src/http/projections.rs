@@ -87,6 +87,7 @@ fn instance_json(view: &InstanceView) -> Value {
         "skipped": status.skipped,
         "saves": status.saves,
         "save_failures": status.save_failures,
+        "unsaved": status.unsaved,
         "offset_logs": status.offset_logs,
         "offset_events": status.offset_events,
         "lag_events": status.lag_events,

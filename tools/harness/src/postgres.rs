@@ -94,6 +94,9 @@ impl PostgresServer {
                 "fsync=off",
                 "-c",
                 "max_connections=200",
+                // Tests check fencing by when each row's transaction committed.
+                "-c",
+                "track_commit_timestamp=on",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
