@@ -626,23 +626,33 @@ impl Actor {
                 MemberStatus::Up | MemberStatus::Leaving | MemberStatus::Exiting
             )
         };
-        let up: Vec<Address> = snapshot
-            .members
-            .iter()
-            .filter(|m| m.status == MemberStatus::Up)
-            .map(|m| m.address().clone())
-            .collect();
-        self.members = snapshot
+        let ring = Ring::new(
+            snapshot
+                .members
+                .iter()
+                .filter(|m| m.status == MemberStatus::Up)
+                .map(|m| m.address().clone()),
+        );
+        let members: Vec<Address> = snapshot
             .members
             .iter()
             .filter(|m| holds_replicas(m.status))
             .map(|m| m.address().clone())
             .collect();
-        self.ring = Ring::new(up);
-        self.converged = snapshot.converged;
         self.serving_member = snapshot
             .self_status
             .is_some_and(|s| matches!(s, MemberStatus::Up | MemberStatus::Leaving));
+        // The snapshot changes with every heartbeat, several times a second; the writers'
+        // placement only with these (and every writer is visited to place it).
+        if ring.members() == self.ring.members()
+            && members == self.members
+            && snapshot.converged == self.converged
+        {
+            return;
+        }
+        self.ring = ring;
+        self.members = members;
+        self.converged = snapshot.converged;
         self.place_writers();
     }
 
