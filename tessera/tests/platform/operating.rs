@@ -201,12 +201,15 @@ async fn a_projection_is_paused_reset_and_resumed_from_the_api_and_its_lag_falls
     .await;
     let ops = api
         .wait_for("running with the reset applied and no lag", |ops| {
-            instances(ops).iter().all(|i| {
-                i["state"] == "running" && i["resets_applied"] == 1 && i["lag_events"] == 0
-            })
+            // The node's view of the control follows Distributed Data's change notices, so
+            // it may show the reset after an instance applied it.
+            ops["resets"] == 1
+                && instances(ops).iter().all(|i| {
+                    i["state"] == "running" && i["resets_applied"] == 1 && i["lag_events"] == 0
+                })
         })
         .await;
-    assert_eq!(ops["resets"], 1);
+    assert_eq!(ops["paused"], false);
     for node in nodes {
         node.shutdown().await;
     }
