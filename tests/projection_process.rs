@@ -75,8 +75,15 @@ async fn cluster(dir: &Path) -> Cluster {
     }
 }
 
+/// The test's own sessions' name, which lock waits are counted without.
+const TEST_SESSIONS: &str = "projection-test";
+
 async fn connect(server: &PostgresServer) -> Client {
-    let (client, connection) = tokio_postgres::connect(&server.connection_string(), NoTls)
+    let config = format!(
+        "{} application_name={TEST_SESSIONS}",
+        server.connection_string()
+    );
+    let (client, connection) = tokio_postgres::connect(&config, NoTls)
         .await
         .expect("PostgreSQL connection");
     tokio::spawn(async move {
@@ -626,15 +633,12 @@ async fn cli(node: SocketAddr, args: &[&str]) -> String {
 }
 
 /// The envelopes instance `index` of `projection` handled since its last save, as `http`
-/// reports it (0 when it does not answer).
-async fn unsaved(http: SocketAddr, projection: &str, index: u64) -> u64 {
-    let Some(json) = http_client::get(http, "/projections", Duration::from_secs(10))
+/// reports it (None when it does not answer).
+async fn unsaved(http: SocketAddr, projection: &str, index: u64) -> Option<u64> {
+    let json = http_client::get(http, "/projections", Duration::from_secs(10))
         .await
-        .ok()
-        .and_then(|r| r.json())
-    else {
-        return 0;
-    };
+        .ok()?
+        .json()?;
     json["projections"]
         .as_array()
         .into_iter()
@@ -643,7 +647,6 @@ async fn unsaved(http: SocketAddr, projection: &str, index: u64) -> u64 {
         .flat_map(|p| p["instance_status"].as_array().into_iter().flatten())
         .find(|i| i["index"].as_u64() == Some(index))
         .and_then(|i| i["unsaved"].as_u64())
-        .unwrap_or(0)
 }
 
 /// A session queued for `table` locked against writes (behind whoever holds or waits for
@@ -675,7 +678,10 @@ impl TableLock {
     /// Lets the lock go once it is taken; returns when it was.
     async fn release(self) {
         let _ = self.release.send(());
-        self.task.await.expect("the lock's session");
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("the lock taken and let go")
+            .expect("the lock's session");
     }
 }
 
@@ -709,14 +715,16 @@ async fn wait_offset_logs_quiet(instances: &[(Instance, SocketAddr, Epoch)]) -> 
     }
 }
 
-/// Waits until `count` backends wait for a lock on `table`.
+/// Waits until `count` backends of the nodes wait for a lock on `table`.
 async fn wait_lock_waiters(client: &Client, table: &str, count: i64) {
     let start = Instant::now();
     loop {
         let waiting: i64 = client
             .query_one(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::text::regclass",
-                &[&table],
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                 WHERE NOT l.granted AND l.relation = $1::text::regclass \
+                 AND a.application_name <> $2",
+                &[&table, &TEST_SESSIONS],
             )
             .await
             .expect("pg_locks")
@@ -767,14 +775,26 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
     let dir = test_dir();
     let mut cluster = cluster(dir.path()).await;
     let http: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http).collect();
-    let before = wait_instances(http[0], "8 instances running", |_| true).await;
+    wait_instances(http[0], "8 instances running", |_| true).await;
     let stop = Arc::new(AtomicBool::new(false));
     let addresses = Arc::new(std::sync::RwLock::new(http.clone()));
     let workload = tokio::spawn(deposits(addresses, stop.clone()));
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    // Not the oldest node (the coordinator's): the point is the projections' instances.
-    let now = instances(http[0]).await.unwrap_or(before);
+    // Not the oldest node (the coordinator's): the point is the projections' instances. One
+    // that runs instances of both, once the rebalancing placed them.
+    let both_on_one = |all: &[Instance]| {
+        (1..NODES).any(|i| {
+            let on = |p: &str| on_node(all, &cluster.nodes[i].cluster).any(|x| x.projection == p);
+            on(BALANCES) && on(LEDGER)
+        })
+    };
+    let now = wait_instances(
+        http[0],
+        "a node but the oldest running both projections",
+        both_on_one,
+    )
+    .await;
     let runs = |i: usize, projection: &str| {
         on_node(&now, &cluster.nodes[i].cluster).any(|instance| instance.projection == projection)
     };
@@ -787,10 +807,6 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
     let paused_address = cluster.nodes[paused].cluster.clone();
     let paused_pid = cluster.nodes[paused].child.id().expect("running") as i32;
     let moved: Vec<Instance> = on_node(&now, &paused_address).cloned().collect();
-    assert!(
-        runs(paused, BALANCES) && runs(paused, LEDGER),
-        "neither node but the oldest runs instances of both projections: {now:?}"
-    );
     let paused_ledger = moved
         .iter()
         .find(|i| i.projection == LEDGER)
@@ -806,11 +822,19 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
     // The paused node's ledger instance must have handled envelopes it has not saved, so that
     // it saves them on its way out: while its held call is the first since a save, every
     // held insert is let go and the next ones held.
+    let holding = Instant::now();
     loop {
         wait_lock_waiters(&client, "account_ledger", i64::from(INSTANCES)).await;
-        if unsaved(cluster.nodes[paused].http, LEDGER, paused_ledger).await > 0 {
+        if unsaved(cluster.nodes[paused].http, LEDGER, paused_ledger)
+            .await
+            .is_some_and(|n| n > 0)
+        {
             break;
         }
+        assert!(
+            holding.elapsed() < DEADLINE,
+            "the paused node's ledger instance held nothing unsaved"
+        );
         let next = TableLock::queue(&cluster.server, "account_ledger").await;
         wait_backend_waiting(&client, next.pid).await;
         std::mem::replace(&mut ledger_lock, next).release().await;
@@ -887,9 +911,8 @@ async fn a_node_paused_until_downed_writes_nothing_after_its_successors_started(
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!("SIGCONT node {paused}");
     signal(&cluster.nodes[paused], libc::SIGCONT);
-    tokio::time::timeout(DEADLINE, queued.release())
-        .await
-        .expect("the paused node's transactions end");
+    // Taken once the paused node's transactions ended.
+    queued.release().await;
     let exited = tokio::time::timeout(DEADLINE, cluster.nodes[paused].child.wait())
         .await
         .expect("the downed node exits")

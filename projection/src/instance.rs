@@ -254,7 +254,7 @@ impl<E: EntityType> Run<E> {
     fn note_offset(&self) {
         let logs = self.offset.len() as u64;
         let events = self.offset_events;
-        let unsaved = u64::from(self.unsaved);
+        let unsaved = self.unsaved_envelopes();
         self.status(|s| {
             s.offset_logs = logs;
             s.offset_events = events;
@@ -438,7 +438,7 @@ impl<E: EntityType> Run<E> {
                             .last()
                             .map(|e| now_ms().saturating_sub(e.event.timestamp_ms));
                         self.passed(events);
-                        let unsaved = u64::from(self.unsaved);
+                        let unsaved = self.unsaved_envelopes();
                         self.status(|s| {
                             s.handled += events.len() as u64;
                             s.unsaved = unsaved;
@@ -475,7 +475,7 @@ impl<E: EntityType> Run<E> {
             FailureAction::Skip => {
                 tracing::warn!(projection = %self.setup.name, index = self.index, "{what}; skipped");
                 self.passed(events);
-                let unsaved = u64::from(self.unsaved);
+                let unsaved = self.unsaved_envelopes();
                 self.status(|s| {
                     s.skipped += events.len() as u64;
                     s.unsaved = unsaved;
@@ -483,6 +483,15 @@ impl<E: EntityType> Run<E> {
                 Ok(())
             }
             FailureAction::Stop => Err(End::Failed(what)),
+        }
+    }
+
+    /// Envelopes handled and not saved, as the status shows them: none for exactly-once
+    /// delivery, whose handler committed each group's offset with its effect.
+    fn unsaved_envelopes(&self) -> u64 {
+        match self.setup.handling {
+            Handling::Exactly { .. } => 0,
+            _ => u64::from(self.unsaved),
         }
     }
 

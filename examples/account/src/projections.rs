@@ -265,12 +265,11 @@ async fn write_ledger(
     schema.make().await?;
     let columns = columns(&envelopes)?;
     let handled_by = handled_by();
-    schema
-        .offsets
-        .pool()
-        .get()
-        .await?
-        .execute(INSERT_LEDGER, &columns.event_rows(&handled_by))
+    let client = schema.offsets.pool().get().await?;
+    // Prepared once per connection: each call is then one statement on the server.
+    let insert = client.prepare_cached(INSERT_LEDGER).await?;
+    client
+        .execute(&insert, &columns.event_rows(&handled_by))
         .await?;
     Ok(())
 }

@@ -415,12 +415,13 @@ impl<P: Payload> LogWriter<P> {
     }
 
     /// Whether time-driven work is pending (a request out, an operation waiting, a recovery
-    /// under way); an idle serving writer needs only an occasional tick.
+    /// under way, a follower to ask again after a failure); an idle serving writer needs
+    /// only an occasional tick.
     pub fn needs_tick(&self) -> bool {
         !self.sent.is_empty()
             || !self.queue.is_empty()
             || match &self.phase {
-                Phase::Serving(s) => s.owes_mark(),
+                Phase::Serving(s) => s.owes_mark() || s.waits_out_a_backoff(),
                 _ => true,
             }
     }

@@ -134,6 +134,13 @@ impl<P: Payload> Serving<P> {
         self.mark_due.is_some()
     }
 
+    /// Whether a follower waits to be asked again after a failed request.
+    pub fn waits_out_a_backoff(&self) -> bool {
+        self.followers
+            .values()
+            .any(|f| matches!(f.state, FollowerState::Backoff(_)))
+    }
+
     pub fn last(&self) -> Position {
         self.last
     }
