@@ -13,7 +13,7 @@ use crate::wire::call_size_estimate;
 use crate::wire::{ReplicaCall, ReplicaRequest};
 use futures::FutureExt;
 use smol_str::SmolStr;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -344,6 +344,7 @@ pub(crate) fn start(
         settings,
         metrics,
         slots: HashMap::new(),
+        ticking: HashSet::new(),
         local: ReplicaId::new(local_address, storage_id),
         ring: Ring::default(),
         members: Vec::new(),
@@ -376,6 +377,10 @@ struct Actor {
     settings: WritersSettings,
     metrics: Arc<PersistenceMetrics>,
     slots: HashMap<Arc<str>, Slot>,
+    /// The writers that asked for ticks when last drained (a node holds thousands of idle
+    /// writers after a load, and a tick every 20 ms must not walk them all); every writer
+    /// is ticked once a second besides. It may name writers gone since.
+    ticking: HashSet<Arc<str>>,
     local: ReplicaId,
     ring: Ring,
     /// Members whose replicas may hold logs.
@@ -703,6 +708,7 @@ impl Actor {
             now,
         );
         PersistenceMetrics::incr(&self.metrics.recoveries);
+        self.ticking.insert(id.clone());
         self.slots.insert(
             id.clone(),
             Slot {
@@ -994,12 +1000,11 @@ impl Actor {
         if full {
             self.last_full_tick = now;
         }
-        let busy: Vec<Arc<str>> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| full || s.writer.needs_tick())
-            .map(|(id, _)| id.clone())
-            .collect();
+        let busy: Vec<Arc<str>> = if full {
+            self.slots.keys().cloned().collect()
+        } else {
+            self.ticking.iter().cloned().collect()
+        };
         for id in busy {
             if let Some(slot) = self.slots.get_mut(&id) {
                 slot.writer.tick(now);
@@ -1057,6 +1062,7 @@ impl Actor {
     /// Carries out what a writer produced.
     fn drain(&mut self, id: &Arc<str>) {
         let Some(slot) = self.slots.get_mut(id) else {
+            self.ticking.remove(id);
             return;
         };
         let mut outputs = std::mem::take(&mut self.outputs);
@@ -1132,6 +1138,16 @@ impl Actor {
             let ready = ready_log(&slot.writer);
             for waiter in slot.waiting.drain(..) {
                 let _ = waiter.send(Ok(ready.clone()));
+            }
+        }
+        match self.slots.get(id) {
+            Some(slot) if !stopped && slot.writer.needs_tick() => {
+                if !self.ticking.contains(id) {
+                    self.ticking.insert(id.clone());
+                }
+            }
+            _ => {
+                self.ticking.remove(id);
             }
         }
         if stopped && let Some(slot) = self.slots.remove(id) {
