@@ -117,13 +117,15 @@ pub(crate) fn events_by_slices(
 ) -> JournalStream<SliceItem> {
     let QueryRun { settings, progress } = run;
     let (items, received) = mpsc::channel(settings.buffer.max(1));
+    let local = caller.local().0.clone();
     let mut query = Query {
         caller,
         membership,
         entity_type: entity_type.to_string(),
         slices,
         mode,
-        reader: CommittedReader::new(settings.reader.clone(), 1),
+        reader: CommittedReader::new(settings.reader.clone(), 1).preferring(local.clone()),
+        local,
         members: BTreeMap::new(),
         calls: FuturesUnordered::new(),
         settings,
@@ -153,6 +155,8 @@ struct Query {
     slices: SliceRange,
     mode: QueryMode,
     reader: CommittedReader<StoredEvent>,
+    /// This node: its replica is scanned first and read from when it holds as much as any.
+    local: Address,
     members: BTreeMap<Address, Member>,
     calls: FuturesUnordered<BoxFuture<'static, Answer>>,
     settings: SliceQuerySettings,
@@ -235,8 +239,16 @@ impl Query {
 
     /// Sends each idle member its next feed call: a page of its scan, or what moved.
     fn ask_members(&mut self) {
+        // This node's replica is scanned before the others, so that the logs it holds are
+        // first reported, and read, here, across no network; the others' scans add what it
+        // lacks. One that fails is not waited for.
+        let scanning = |m: &Member| !matches!(m.feed, MemberFeed::Following { .. });
+        let local_scanning = self
+            .members
+            .get(&self.local)
+            .is_some_and(|m| !m.failed && scanning(m));
         for (address, member) in self.members.iter_mut() {
-            if member.busy {
+            if member.busy || local_scanning && *address != self.local && scanning(member) {
                 continue;
             }
             let request = match &member.feed {
@@ -339,8 +351,10 @@ impl Query {
                 member.feed = MemberFeed::Unknown;
                 rest = true;
             }
+            // A store's failure among them: as a failed call, it is not waited for.
             (Ok(other), _) => {
                 tracing::debug!(member = %address, reply = ?other, "a query by slice got an answer that does not fit");
+                member.failed = true;
                 member.feed = MemberFeed::Unknown;
                 rest = true;
             }
@@ -377,7 +391,7 @@ impl Query {
                     tags: entry.payload.tags,
                 }),
                 Delivered::Deleted { log, from, to } => SliceItem::Deleted {
-                    persistence_id: log,
+                    persistence_id: log.to_string(),
                     from,
                     to,
                 },

@@ -19,6 +19,7 @@
 use crate::message::{Entry, Request, Response};
 use crate::writer::RequestId;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_cluster::Address;
 
@@ -67,10 +68,10 @@ pub struct ReaderSabotage {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delivered<P> {
     /// The log's next entry: its sequence number is the log's offset plus one.
-    Entry { log: String, entry: Entry<P> },
+    Entry { log: Arc<str>, entry: Entry<P> },
     /// Entries `from..=to` of the log were deleted (a snapshot's retention) on the replica
     /// read before this reader got to them: the offset moves past them.
-    Deleted { log: String, from: u64, to: u64 },
+    Deleted { log: Arc<str>, from: u64, to: u64 },
 }
 
 /// A read to send: `request` about `log` to the node at `to`, whatever store it has.
@@ -145,7 +146,12 @@ impl Followed {
     /// The source to read from and how far: of those that still hold the next entry, the
     /// one that reported the highest mark (or, sabotaged, the longest log); if every source
     /// deleted it, the one that deleted least (its answer passes the deleted entries).
-    fn best_source(&self, sabotage: ReaderSabotage, now: Instant) -> Option<(&Address, u64)> {
+    fn best_source(
+        &self,
+        sabotage: ReaderSabotage,
+        preferred: Option<&Address>,
+        now: Instant,
+    ) -> Option<(&Address, u64)> {
         let reach = |r: &Reported| {
             if sabotage.serve_unacknowledged {
                 r.last.max(r.committed)
@@ -159,7 +165,7 @@ impl Followed {
             .iter()
             .filter(|(_, r)| up(r) && r.base <= self.delivered)
             .map(|(a, r)| (a, reach(r)))
-            .max_by_key(|(_, to)| *to)
+            .max_by_key(|(a, to)| (*to, Some(*a) == preferred))
             .filter(|(_, to)| *to > self.delivered);
         holding.or_else(|| {
             self.sources
@@ -212,6 +218,9 @@ struct Out {
 pub struct CommittedReader<P> {
     settings: ReaderSettings,
     sabotage: ReaderSabotage,
+    /// Read from this source when it holds as much as any: this node's own replica, whose
+    /// answers cross no network.
+    preferred: Option<Address>,
     logs: BTreeMap<String, Followed>,
     /// The logs a read may be due for: every log whose state changed since a pump last
     /// found nothing to read of it, or that waits out a failure. A pump looks at these
@@ -230,6 +239,7 @@ impl<P: Clone> CommittedReader<P> {
         CommittedReader {
             settings,
             sabotage: ReaderSabotage::default(),
+            preferred: None,
             logs: BTreeMap::new(),
             due: BTreeSet::new(),
             sent: BTreeMap::new(),
@@ -242,6 +252,12 @@ impl<P: Clone> CommittedReader<P> {
     /// The same reader with broken rules (for the simulation's own tests).
     pub fn sabotaged(mut self, sabotage: ReaderSabotage) -> Self {
         self.sabotage = sabotage;
+        self
+    }
+
+    /// The same reader, reading from `source` whenever it reported as much as any other.
+    pub fn preferring(mut self, source: Address) -> Self {
+        self.preferred = Some(source);
         self
     }
 
@@ -366,7 +382,8 @@ impl<P: Clone> CommittedReader<P> {
             if followed.not_before.is_some_and(|t| t > now) {
                 continue;
             }
-            let Some((source, to)) = followed.best_source(sabotage, now) else {
+            let Some((source, to)) = followed.best_source(sabotage, self.preferred.as_ref(), now)
+            else {
                 if !followed.waiting(now) {
                     done.push(log.clone());
                 }
@@ -444,9 +461,11 @@ impl<P: Clone> CommittedReader<P> {
             // Deleted here but not everywhere: read it where it still is.
             return;
         }
+        // One name shared by the answer's entries.
+        let log: Arc<str> = Arc::from(out.log.as_str());
         if summary.base.seq > followed.delivered {
             self.delivered.push_back(Delivered::Deleted {
-                log: out.log.clone(),
+                log: log.clone(),
                 from: followed.delivered + 1,
                 to: summary.base.seq,
             });
@@ -458,7 +477,7 @@ impl<P: Clone> CommittedReader<P> {
             }
             followed.delivered = entry.seq;
             self.delivered.push_back(Delivered::Entry {
-                log: out.log.clone(),
+                log: log.clone(),
                 entry,
             });
         }

@@ -128,8 +128,10 @@ impl Simulation {
             p.resumed_at = at;
             p.restart_at = None;
             let first = SLICE_IDS + (p.incarnation << 40);
-            let mut reader =
-                CommittedReader::new(ReaderProc::settings(), first).sabotaged(p.sabotage);
+            // Its own node's replica first, as a node's query does.
+            let mut reader = CommittedReader::new(ReaderProc::settings(), first)
+                .sabotaged(p.sabotage)
+                .preferring(self.nodes[p.node].address.clone());
             reader.follow(LOG_ID, at);
             p.reader = Some(reader);
             p.next_scan = now;
