@@ -70,15 +70,18 @@ impl SliceOffset {
     /// Records that the log was handled up to `sequence_nr`. Returns false, changing
     /// nothing, when it was already handled that far: a repeat to skip.
     pub fn advance(&mut self, persistence_id: &str, sequence_nr: u64) -> bool {
+        self.advance_from(persistence_id, sequence_nr).is_some()
+    }
+
+    /// As [`SliceOffset::advance`], returning where the log was before it moved (0: not
+    /// handled at all), or nothing for a repeat.
+    pub fn advance_from(&mut self, persistence_id: &str, sequence_nr: u64) -> Option<u64> {
         match self.seqs.get_mut(persistence_id) {
-            Some(seq) if *seq >= sequence_nr => false,
-            Some(seq) => {
-                *seq = sequence_nr;
-                true
-            }
+            Some(seq) if *seq >= sequence_nr => None,
+            Some(seq) => Some(std::mem::replace(seq, sequence_nr)),
             None => {
                 self.seqs.insert(persistence_id.to_string(), sequence_nr);
-                true
+                Some(0)
             }
         }
     }

@@ -5,7 +5,9 @@
 //! log only after every earlier one of that log was handled or skipped (the offset moves by
 //! one per event). The saved offset never passes an event that was neither handled nor
 //! skipped, so a run that ends anywhere resumes with nothing lost; what it handled after the
-//! last save is handled again by the next run (at-least-once).
+//! last save is handled again by the next run (at-least-once). A save is written while the
+//! handler goes on, one at a time: each records the offset as it was when the save started,
+//! and the next starts once it is written.
 //!
 //! A paused instance ([`crate::control`]) ends its run (saving its offset) and waits to be
 //! resumed; a reset asked by an operator is applied when the instance next opens its offset
@@ -15,11 +17,11 @@ use crate::control::ControlState;
 use crate::envelope::Envelope;
 use crate::exactly_once::{InstanceKey, OffsetCommit};
 use crate::handler::{HandlerError, Handling};
-use crate::offset_log::{OffsetJournal, OffsetLog, offset_log_id};
+use crate::offset_log::{OffsetError, OffsetJournal, OffsetLog, offset_log_id};
 use crate::settings::{FailureAction, ProjectionSettings};
 use crate::status::{InstanceStatus, ProjectionStatuses, RunState};
 use futures::StreamExt;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_daemon::DaemonContext;
@@ -27,6 +29,7 @@ use tessera_entities::{Codec, EntityType};
 use tessera_journal::slice::SliceRange;
 use tessera_journal::{QueryMode, SliceEnvelope, SliceItem, SliceOffset};
 use tessera_persistence::{QueryProgress, ReplicatedJournal};
+use tessera_replication::Epoch;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -81,7 +84,18 @@ struct Run<E: EntityType> {
     moved: BTreeSet<String>,
     /// The events the offset passed: its sequence numbers summed.
     offset_events: u64,
-    log: OffsetLog,
+    /// The offset log; away while a save writes through it.
+    log: Option<OffsetLog>,
+    /// Its writer's epoch, the fence of exactly-once commits.
+    fence: Option<Epoch>,
+    /// The save being written (at-least-once): the offset moves on meanwhile, and the next
+    /// save starts once it is done.
+    saving: Option<SaveInFlight>,
+    /// Envelopes the save being written covers, and the logs it moved: back to unsaved
+    /// should it fail, so that the save at the end of the run covers them again.
+    saving_envelopes: u32,
+    saving_moved: BTreeSet<String>,
+    /// Envelopes handled since the save being written (or the last) was taken.
     unsaved: u32,
     first_unsaved: Option<Instant>,
     /// Items taken from the query (for the lag in events).
@@ -228,7 +242,11 @@ async fn run_once<E: EntityType>(
         offset,
         moved: BTreeSet::new(),
         offset_events,
-        log,
+        fence: log.fence(),
+        log: Some(log),
+        saving: None,
+        saving_envelopes: 0,
+        saving_moved: BTreeSet::new(),
         unsaved: 0,
         first_unsaved: None,
         received: 0,
@@ -237,7 +255,7 @@ async fn run_once<E: EntityType>(
     let end = run.follow(range, context).await;
     // What was handled since the last save is saved on the way out (a fenced writer's save
     // fails, and changes nothing).
-    if let Err(e) = run.save().await {
+    if let Err(e) = run.save_all().await {
         tracing::debug!(projection = %name, index, error = %e, "offset not saved at the end of the run");
     }
     end
@@ -291,9 +309,13 @@ impl<E: EntityType> Run<E> {
         let mut lag_refresh = tokio::time::interval(LAG_REFRESH);
         self.status(|s| s.state = RunState::Running);
         loop {
-            let save_due = self
-                .first_unsaved
-                .map(|first| first + self.setup.settings.save_interval);
+            // While a save is written, the next waits for it.
+            let save_due = match self.saving {
+                Some(_) => None,
+                None => self
+                    .first_unsaved
+                    .map(|first| first + self.setup.settings.save_interval),
+            };
             let next = tokio::select! {
                 biased;
                 () = context.stopped() => return End::Stopped,
@@ -305,7 +327,11 @@ impl<E: EntityType> Run<E> {
                     continue;
                 }
                 () = sleep_until_some(save_due) => {
-                    if let Err(reason) = self.save().await {
+                    self.start_save();
+                    continue;
+                }
+                saved = in_flight(&mut self.saving) => {
+                    if let Err(reason) = self.on_saved(saved) {
                         return End::Failed(reason);
                     }
                     continue;
@@ -316,41 +342,60 @@ impl<E: EntityType> Run<E> {
                 return End::Failed("the query by slice ended".into());
             };
             self.received += batch.len() as u64;
+            // A repeat of what the offset already passed is skipped by (persistence id,
+            // sequence number), and so is one of what the batch passed before it.
+            let fresh: Vec<bool> = {
+                let mut passed_in_batch: HashMap<&str, u64> = HashMap::new();
+                batch
+                    .iter()
+                    .map(|item| match item {
+                        Ok(SliceItem::Event(envelope)) => {
+                            let pid = envelope.event.persistence_id.as_str();
+                            let seq = envelope.event.sequence_nr;
+                            let passed = passed_in_batch
+                                .entry(pid)
+                                .or_insert_with(|| self.offset.get(pid));
+                            let fresh = seq > *passed;
+                            *passed = seq.max(*passed);
+                            fresh
+                        }
+                        Ok(SliceItem::Deleted {
+                            persistence_id, to, ..
+                        }) => {
+                            let passed = passed_in_batch
+                                .entry(persistence_id.as_str())
+                                .or_insert_with(|| self.offset.get(persistence_id));
+                            *passed = (*to).max(*passed);
+                            false
+                        }
+                        Err(_) => false,
+                    })
+                    .collect()
+            };
             let mut events = Vec::with_capacity(batch.len());
-            // A repeat within the batch is a repeat too: what the batch passed so far.
-            let mut in_batch: std::collections::HashMap<String, u64> =
-                std::collections::HashMap::new();
-            for item in batch {
+            for (item, fresh) in batch.into_iter().zip(fresh) {
                 match item {
                     Err(e) => return End::Failed(format!("the query by slice failed: {e}")),
+                    // The offset passes a deletion only after what came before it: a run
+                    // that stops on an earlier event must not save the deletion's end.
                     Ok(SliceItem::Deleted {
                         persistence_id, to, ..
                     }) => {
+                        if let Err(end) = self.handle(std::mem::take(&mut events), context).await {
+                            return end;
+                        }
                         self.advance(&persistence_id, to);
                     }
-                    // A repeat of what the offset already passed is skipped by
-                    // (persistence id, sequence number).
-                    Ok(SliceItem::Event(envelope)) => {
-                        let pid = envelope.event.persistence_id.as_str();
-                        let passed = in_batch
-                            .get(pid)
-                            .copied()
-                            .unwrap_or_else(|| self.offset.get(pid));
-                        if envelope.event.sequence_nr > passed {
-                            in_batch.insert(pid.to_string(), envelope.event.sequence_nr);
-                            events.push(envelope);
-                        }
-                    }
+                    Ok(SliceItem::Event(envelope)) if fresh => events.push(envelope),
+                    Ok(SliceItem::Event(_)) => {}
                 }
             }
             if let Err(end) = self.handle(events, context).await {
                 return end;
             }
             self.note_lag(&progress.borrow_and_update());
-            if self.unsaved >= self.setup.settings.save_after_envelopes
-                && let Err(reason) = self.save().await
-            {
-                return End::Failed(reason);
+            if self.unsaved >= self.setup.settings.save_after_envelopes {
+                self.start_save();
             }
         }
     }
@@ -364,9 +409,22 @@ impl<E: EntityType> Run<E> {
     ) -> Result<(), End> {
         match self.setup.handling.clone() {
             Handling::One(handler) => {
-                for event in events {
-                    let one = std::slice::from_ref(&event);
-                    self.with_retries(one, context, |mut envelopes| {
+                // Each envelope alone; those handled are passed and counted together, and
+                // one the handler failed on is retried alone, its failure the first attempt.
+                let mut counted = 0;
+                for (at, event) in events.iter().enumerate() {
+                    let first_error = match self.decode_one(event) {
+                        Ok(envelope) => match handler(envelope).await {
+                            Ok(()) => continue,
+                            Err(error) => Some(error.to_string()),
+                        },
+                        // Decoded again by the retries, which stop at once.
+                        Err(_) => None,
+                    };
+                    self.handled(&events[counted..at]);
+                    counted = at + 1;
+                    let one = std::slice::from_ref(event);
+                    self.with_retries(one, context, first_error, |mut envelopes| {
                         let envelope = envelopes.pop();
                         let handler = handler.clone();
                         async move {
@@ -378,15 +436,16 @@ impl<E: EntityType> Run<E> {
                     })
                     .await?;
                 }
+                self.handled(&events[counted..]);
             }
             Handling::Group { max, handler } => {
                 for group in events.chunks(max.max(1)) {
-                    self.with_retries(group, context, |envelopes| handler(envelopes))
+                    self.with_retries(group, context, None, |envelopes| handler(envelopes))
                         .await?;
                 }
             }
             Handling::Exactly { max, handler, .. } => {
-                let Some(fence) = self.log.fence() else {
+                let Some(fence) = self.fence else {
                     return Err(End::Failed("the offset log has no fencing writer".into()));
                 };
                 for group in events.chunks(max.max(1)) {
@@ -399,7 +458,7 @@ impl<E: EntityType> Run<E> {
                         fence: fence.into(),
                         seqs: last_seqs(group),
                     };
-                    self.with_retries(group, context, |envelopes| {
+                    self.with_retries(group, context, None, |envelopes| {
                         handler(envelopes, commit.clone())
                     })
                     .await?;
@@ -412,11 +471,13 @@ impl<E: EntityType> Run<E> {
     }
 
     /// Calls `call` with `events` decoded, retrying with backoff; then the events are
-    /// handled, or skipped, or the run stops — each counted.
+    /// handled, or skipped, or the run stops — each counted. `first_error`: the first
+    /// attempt was made already, and failed so.
     async fn with_retries<F, Fut>(
         &mut self,
         events: &[SliceEnvelope],
         context: &DaemonContext,
+        mut first_error: Option<String>,
         call: F,
     ) -> Result<(), End>
     where
@@ -429,25 +490,18 @@ impl<E: EntityType> Run<E> {
         let settings = self.setup.settings.clone();
         let mut attempt = 0;
         let failure = loop {
-            let error = match self.decode(events) {
-                // An event that does not decode never will: no retry helps.
-                Err(reason) => break reason,
-                Ok(envelopes) => match call(envelopes).await {
-                    Ok(()) => {
-                        let lag = events
-                            .last()
-                            .map(|e| now_ms().saturating_sub(e.event.timestamp_ms));
-                        self.passed(events);
-                        let unsaved = self.unsaved_envelopes();
-                        self.status(|s| {
-                            s.handled += events.len() as u64;
-                            s.unsaved = unsaved;
-                            s.lag_ms = lag;
-                            s.state = RunState::Running;
-                        });
-                        return Ok(());
-                    }
-                    Err(error) => error.to_string(),
+            let error = match first_error.take() {
+                Some(error) => error,
+                None => match self.decode(events) {
+                    // An event that does not decode never will: no retry helps.
+                    Err(reason) => break reason,
+                    Ok(envelopes) => match call(envelopes).await {
+                        Ok(()) => {
+                            self.handled(events);
+                            return Ok(());
+                        }
+                        Err(error) => error.to_string(),
+                    },
                 },
             };
             self.status(|s| {
@@ -491,8 +545,24 @@ impl<E: EntityType> Run<E> {
     fn unsaved_envelopes(&self) -> u64 {
         match self.setup.handling {
             Handling::Exactly { .. } => 0,
-            _ => u64::from(self.unsaved),
+            _ => u64::from(self.unsaved + self.saving_envelopes),
         }
+    }
+
+    /// Moves the offset past `events`, which the handler handled, and counts them.
+    fn handled(&mut self, events: &[SliceEnvelope]) {
+        let Some(last) = events.last() else {
+            return;
+        };
+        let lag = now_ms().saturating_sub(last.event.timestamp_ms);
+        self.passed(events);
+        let unsaved = self.unsaved_envelopes();
+        self.status(|s| {
+            s.handled += events.len() as u64;
+            s.unsaved = unsaved;
+            s.lag_ms = Some(lag);
+            s.state = RunState::Running;
+        });
     }
 
     /// Moves the offset past `events`.
@@ -506,8 +576,7 @@ impl<E: EntityType> Run<E> {
 
     /// Moves the offset of one log to `sequence_nr` (nothing when it is there already).
     fn advance(&mut self, persistence_id: &str, sequence_nr: u64) {
-        let before = self.offset.get(persistence_id);
-        if self.offset.advance(persistence_id, sequence_nr) {
+        if let Some(before) = self.offset.advance_from(persistence_id, sequence_nr) {
             self.offset_events += sequence_nr - before;
             if !self.moved.contains(persistence_id) {
                 self.moved.insert(persistence_id.to_string());
@@ -518,57 +587,96 @@ impl<E: EntityType> Run<E> {
     fn decode(&self, events: &[SliceEnvelope]) -> Result<Vec<Envelope<E>>, String> {
         events
             .iter()
-            .map(|envelope| {
-                let repr = &envelope.event;
-                let event = self
-                    .codec
-                    .decode_event(&self.setup.entity, &repr.manifest, &repr.payload)
-                    .map_err(|e| {
-                        format!(
-                            "event {} of {} does not decode: {e}",
-                            repr.sequence_nr, repr.persistence_id
-                        )
-                    })?;
-                let entity_id = repr
-                    .persistence_id
-                    .split_once('|')
-                    .map_or("", |(_, id)| id)
-                    .to_string();
-                Ok(Envelope {
-                    persistence_id: repr.persistence_id.to_string(),
-                    entity_id,
-                    sequence_nr: repr.sequence_nr,
-                    timestamp_ms: repr.timestamp_ms,
-                    slice: envelope.slice,
-                    tags: envelope.tags.clone(),
-                    event,
-                })
-            })
+            .map(|envelope| self.decode_one(envelope))
             .collect()
     }
 
-    async fn save(&mut self) -> Result<(), String> {
+    fn decode_one(&self, envelope: &SliceEnvelope) -> Result<Envelope<E>, String> {
+        let repr = &envelope.event;
+        let event = self
+            .codec
+            .decode_event(&self.setup.entity, &repr.manifest, &repr.payload)
+            .map_err(|e| {
+                format!(
+                    "event {} of {} does not decode: {e}",
+                    repr.sequence_nr, repr.persistence_id
+                )
+            })?;
+        let entity_id = repr
+            .persistence_id
+            .split_once('|')
+            .map_or("", |(_, id)| id)
+            .to_string();
+        Ok(Envelope {
+            persistence_id: repr.persistence_id.to_string(),
+            entity_id,
+            sequence_nr: repr.sequence_nr,
+            timestamp_ms: repr.timestamp_ms,
+            slice: envelope.slice,
+            tags: envelope.tags.clone(),
+            event,
+        })
+    }
+
+    /// Starts saving the offset as it is now, unless a save is being written (the next one
+    /// starts when that one is done) or nothing moved since the last.
+    fn start_save(&mut self) {
         if matches!(self.setup.handling, Handling::Exactly { .. }) {
             // The handler committed every group's offset itself.
             self.moved.clear();
             self.unsaved = 0;
             self.first_unsaved = None;
             self.note_offset();
-            return Ok(());
+            return;
         }
-        if self.unsaved == 0 && self.first_unsaved.is_none() {
-            return Ok(());
+        if self.saving.is_some() || self.unsaved == 0 && self.first_unsaved.is_none() {
+            return;
         }
-        match self.log.save(&self.offset, &self.moved).await {
+        let Some(mut log) = self.log.take() else {
+            return;
+        };
+        let prepared = log.prepare_save(&self.offset, &self.moved);
+        self.saving_moved = std::mem::take(&mut self.moved);
+        self.saving_envelopes = self.unsaved;
+        self.unsaved = 0;
+        self.first_unsaved = None;
+        self.saving = Some(Box::pin(async move {
+            let written = match prepared {
+                Some(prepared) => log.write_save(prepared).await,
+                None => Ok(()),
+            };
+            (log, written)
+        }));
+    }
+
+    /// A save was written, or failed (then the run ends: the instance may have lost its
+    /// slot). The next one starts at once when it is due already.
+    fn on_saved(
+        &mut self,
+        (log, written): (OffsetLog, Result<(), OffsetError>),
+    ) -> Result<(), String> {
+        self.saving = None;
+        self.log = Some(log);
+        match written {
             Ok(()) => {
-                self.moved.clear();
-                self.unsaved = 0;
-                self.first_unsaved = None;
+                self.saving_envelopes = 0;
+                self.saving_moved.clear();
                 self.status(|s| s.saves += 1);
                 self.note_offset();
+                let settings = &self.setup.settings;
+                let due = self.unsaved >= settings.save_after_envelopes
+                    || self
+                        .first_unsaved
+                        .is_some_and(|first| first + settings.save_interval <= Instant::now());
+                if due {
+                    self.start_save();
+                }
                 Ok(())
             }
             Err(e) => {
+                self.moved.append(&mut self.saving_moved);
+                self.unsaved += std::mem::take(&mut self.saving_envelopes);
+                self.first_unsaved.get_or_insert_with(Instant::now);
                 let reason =
                     format!("the offset was not saved (the instance may have lost its slot): {e}");
                 self.status(|s| {
@@ -578,6 +686,31 @@ impl<E: EntityType> Run<E> {
                 Err(reason)
             }
         }
+    }
+
+    /// Waits for the save being written, then saves what was handled since.
+    async fn save_all(&mut self) -> Result<(), String> {
+        if let Some(saving) = self.saving.take() {
+            self.on_saved(saving.await)?;
+        }
+        self.start_save();
+        if let Some(saving) = self.saving.take() {
+            self.on_saved(saving.await)?;
+        }
+        Ok(())
+    }
+}
+
+/// A save being written: the offset log comes back with what became of it.
+type SaveInFlight = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (OffsetLog, Result<(), OffsetError>)> + Send>,
+>;
+
+/// The save being written, done; never without one.
+async fn in_flight(saving: &mut Option<SaveInFlight>) -> (OffsetLog, Result<(), OffsetError>) {
+    match saving {
+        Some(saving) => saving.await,
+        None => std::future::pending().await,
     }
 }
 

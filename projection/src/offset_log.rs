@@ -86,6 +86,12 @@ fn decode_record(repr: &tessera_journal::PersistentRepr) -> Result<OffsetRecord,
     postcard::from_bytes(&repr.payload)
 }
 
+/// A save's record, made by [`OffsetLog::prepare_save`].
+#[derive(Debug)]
+pub struct PreparedSave {
+    record: OffsetRecord,
+}
+
 /// Why an offset could not be read or saved.
 #[derive(Debug, thiserror::Error)]
 pub enum OffsetError {
@@ -200,6 +206,20 @@ impl OffsetLog {
         offset: &SliceOffset,
         moved: &BTreeSet<String>,
     ) -> Result<(), OffsetError> {
+        match self.prepare_save(offset, moved) {
+            Some(save) => self.write_save(save).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The record [`OffsetLog::save`] writes, taken now, so that the caller may go on moving
+    /// its offset while [`OffsetLog::write_save`] writes it. None: nothing to write. Saves
+    /// are written one at a time, in the order they were prepared.
+    pub fn prepare_save(
+        &mut self,
+        offset: &SliceOffset,
+        moved: &BTreeSet<String>,
+    ) -> Option<PreparedSave> {
         let full = self.saves_since_full + 1 >= FULL_RECORD_EVERY;
         let seqs: Vec<(String, u64)> = if full {
             offset
@@ -214,14 +234,21 @@ impl OffsetLog {
                 .collect()
         };
         if seqs.is_empty() && !full {
-            return Ok(());
+            return None;
         }
-        self.write(OffsetRecord {
-            replaces: full,
-            seqs,
-            resets: self.resets,
+        Some(PreparedSave {
+            record: OffsetRecord {
+                replaces: full,
+                seqs,
+                resets: self.resets,
+            },
         })
-        .await?;
+    }
+
+    /// Writes a save [`OffsetLog::prepare_save`] made.
+    pub async fn write_save(&mut self, save: PreparedSave) -> Result<(), OffsetError> {
+        let full = save.record.replaces;
+        self.write(save.record).await?;
         if full {
             self.saves_since_full = 0;
             // The full record holds everything before it.
